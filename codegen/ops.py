@@ -1,0 +1,446 @@
+"""The six ops of SEMANTICS.md: names, attributes, shape and padding rules.
+
+``resolve`` is the one place where attributes are validated, pads are computed
+and shapes are inferred. It works on integers only (no arrays), so the runtime,
+the AOT command and ``infer_shape`` share it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from codegen.config import KernelConfig
+
+# Sizes, pads and strides are passed to C as int64 and multiplied there; bounding
+# them keeps every index computation far from overflow.
+MAX_EXTENT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How one op kind maps onto a kernel family."""
+
+    kind: str
+    function: str  # name of the Python function in `runtime`
+    family: str
+    inputs: tuple[str, str]  # names of the two data inputs, in call order
+    output: str
+    shape_name: str | None  # shape input/attribute name, None if the op has none
+    weights_attr: str  # "filter_format" or "weights_format"
+    transpose: bool  # a ConvTranspose op (weights IOX/XOI)
+
+    @property
+    def has_output_padding(self) -> bool:
+        return self.family != "bwd_weights"
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        names = ["strides", "pads_begin", "pads_end", "dilations", "auto_pad", "groups",
+                 "data_format", self.weights_attr]
+        if self.has_output_padding:
+            names.append("output_padding")
+        if self.shape_name:
+            names.append(self.shape_name)
+        return tuple(names)
+
+    @property
+    def weights_formats(self) -> tuple[str, str]:
+        return ("IOX", "XOI") if self.transpose else ("OIX", "XIO")
+
+
+OPS: dict[str, OpSpec] = {
+    spec.kind: spec
+    for spec in (
+        OpSpec("ConvolutionBackpropData", "convolution_backprop_data", "bwd_data",
+               ("output_delta", "filter"), "input_delta", "output_shape", "filter_format", False),
+        OpSpec("ConvolutionBackwardData", "convolution_backward_data", "bwd_data",
+               ("diff_dst", "weights"), "diff_src", "dst_shape", "weights_format", False),
+        OpSpec("ConvolutionBackpropFilters", "convolution_backprop_filters", "bwd_weights",
+               ("input_forward", "output_delta"), "filter_delta", "filter_shape",
+               "filter_format", False),
+        OpSpec("ConvolutionBackwardWeights", "convolution_backward_weights", "bwd_weights",
+               ("src", "diff_dst"), "diff_weights", "weights_shape", "weights_format", False),
+        OpSpec("ConvTransposeBackwardData", "conv_transpose_backward_data", "fwd",
+               ("diff_dst", "weights"), "diff_src", None, "weights_format", True),
+        OpSpec("ConvTransposeBackwardWeights", "conv_transpose_backward_weights",
+               "bwd_weights", ("src", "diff_dst"), "diff_weights", "weights_shape",
+               "weights_format", True),
+    )
+}
+
+AUTO_PAD = {"none": "none", "explicit": "none", "": "none", "same_upper": "same_upper",
+            "same_lower": "same_lower", "valid": "valid"}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A fully resolved call: the kernel to run and its run-time arguments.
+
+    ``src_spatial``/``dst_spatial``/``pads_begin`` are in the terms of the kernel's
+    forward-convolution problem; ``swap_inputs`` is set when the op's first data
+    input is the kernel's second argument (ConvTransposeBackwardWeights).
+    """
+
+    op: OpSpec
+    config: KernelConfig
+    batch: int
+    src_spatial: tuple[int, ...]
+    dst_spatial: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    swap_inputs: bool = False
+
+
+def _fail(op: str, what: str, value, expected: str, error=ValueError):
+    raise error(f"{op}: {what} = {value!r} is invalid; expected {expected}")
+
+
+def _integer(op: str, name: str, value) -> int:
+    if isinstance(value, bool) or isinstance(value, str):
+        _fail(op, name, value, "an integer", TypeError)
+    try:
+        return operator.index(value)
+    except TypeError:
+        _fail(op, name, value, "an integer", TypeError)
+
+
+def _is_sequence(value) -> bool:
+    # Duck-typed so that tuples, lists and 1-D arrays all qualify (no numpy here).
+    return not isinstance(value, str | bytes) and hasattr(value, "__len__") \
+        and hasattr(value, "__iter__")
+
+
+def _int_list(op: str, name: str, value) -> list[int]:
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
+        value = value.tolist()
+    if not _is_sequence(value):
+        _fail(op, name, value, "a sequence of integers", TypeError)
+    return [_integer(op, name, v) for v in value]
+
+
+def _per_axis(op: str, name: str, value, rank: int, minimum: int) -> tuple[int, ...]:
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if _is_sequence(value):
+        values = _int_list(op, name, value)
+        if len(values) != rank:
+            _fail(op, name, value, f"{rank} values, one per spatial axis")
+    else:
+        values = [_integer(op, name, value)] * rank
+    for v in values:
+        if not minimum <= v <= MAX_EXTENT:
+            _fail(op, name, value, f"values in [{minimum}, {MAX_EXTENT}]")
+    return tuple(values)
+
+
+def _choice(op: str, name: str, value, allowed: Sequence[str]) -> str:
+    if not isinstance(value, str):
+        _fail(op, name, value, f"one of {list(allowed)}", TypeError)
+    if value not in allowed:  # formats are case-sensitive; only auto_pad is not
+        _fail(op, name, value, f"one of {list(allowed)}")
+    return value
+
+
+def tf_same_pads(size: int, extent: int, stride: int, upper: bool) -> tuple[int, int]:
+    """TensorFlow-style SAME padding of an input of `size` (SEMANTICS.md)."""
+    total = max(extent - (size % stride if size % stride else stride), 0)
+    begin = total // 2 if upper else (total + 1) // 2
+    return begin, total - begin
+
+
+def conv_output_size(size: int, extent: int, stride: int, pb: int, pe: int) -> int:
+    """Outputs of a forward convolution over `size` inputs (may be <= 0)."""
+    return (size + pb + pe - extent) // stride + 1
+
+
+@dataclass(frozen=True)
+class _Attrs:
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    auto_pad: str
+    output_padding: tuple[int, ...]
+    groups: int
+    data_format: str
+    weights_format: str  # as the user named it (IOX/XOI for ConvTranspose)
+
+
+def _normalize(spec: OpSpec, attrs: Mapping, rank: int) -> _Attrs:
+    op = spec.kind
+    unknown = sorted(set(attrs) - set(spec.attributes))
+    if unknown:
+        _fail(op, "attribute", unknown[0], f"one of {list(spec.attributes)}")
+    auto_pad = attrs.get("auto_pad", "none")
+    if not isinstance(auto_pad, str):
+        _fail(op, "auto_pad", auto_pad, f"one of {sorted(AUTO_PAD)}", TypeError)
+    if auto_pad.lower() not in AUTO_PAD:
+        _fail(op, "auto_pad", auto_pad, "none, explicit, same_upper, same_lower or valid")
+    strides = _per_axis(op, "strides", attrs.get("strides", 1), rank, 1)
+    dilations = _per_axis(op, "dilations", attrs.get("dilations", 1), rank, 1)
+    output_padding = _per_axis(op, "output_padding", attrs.get("output_padding", 0), rank, 0)
+    for axis, (p, s, d) in enumerate(zip(output_padding, strides, dilations, strict=True)):
+        if p >= max(s, d):
+            _fail(op, "output_padding", list(output_padding),
+                  f"each value below the stride or the dilation of its axis "
+                  f"(axis {axis}: stride {s}, dilation {d})")
+    groups = _integer(op, "groups", attrs.get("groups", 1))
+    if not 1 <= groups <= MAX_EXTENT:
+        _fail(op, "groups", groups, "a positive integer")
+    default_weights = spec.weights_formats[1]
+    return _Attrs(
+        strides=strides,
+        dilations=dilations,
+        pads_begin=_per_axis(op, "pads_begin", attrs.get("pads_begin", 0), rank, 0),
+        pads_end=_per_axis(op, "pads_end", attrs.get("pads_end", 0), rank, 0),
+        auto_pad=AUTO_PAD[auto_pad.lower()],
+        output_padding=output_padding,
+        groups=groups,
+        data_format=_choice(op, "data_format", attrs.get("data_format", "NXC"),
+                            ("NXC", "NCX")),
+        weights_format=_choice(op, spec.weights_attr,
+                               attrs.get(spec.weights_attr, default_weights),
+                               spec.weights_formats),
+    )
+
+
+class _Layout:
+    """Splits and joins tensor shapes in the user's formats."""
+
+    def __init__(self, spec: OpSpec, attrs: _Attrs, rank: int):
+        self.op = spec.kind
+        self.rank = rank
+        self.channels_last = attrs.data_format == "NXC"
+        # Weights in forward-problem terms: (O, I/g, k...) or (k..., I/g, O).
+        self.weights_spatial_first = attrs.weights_format in ("XIO", "XOI")
+
+    def split_data(self, name: str, shape: Sequence[int]) -> tuple[int, int, tuple[int, ...]]:
+        if len(shape) != self.rank + 2:
+            _fail(self.op, f"{name} rank", len(shape), f"{self.rank + 2} (the data rank)")
+        if self.channels_last:
+            n, spatial, c = shape[0], tuple(shape[1:-1]), shape[-1]
+        else:
+            n, c, spatial = shape[0], shape[1], tuple(shape[2:])
+        if c == 0 or 0 in spatial:
+            _fail(self.op, f"{name} shape", tuple(shape),
+                  "non-zero channel and spatial dimensions")
+        return n, c, spatial
+
+    def join_data(self, n: int, c: int, spatial: Sequence[int]) -> tuple[int, ...]:
+        return (n, *spatial, c) if self.channels_last else (n, c, *spatial)
+
+    def split_weights(self, name: str, shape: Sequence[int]) -> tuple[int, int, tuple[int, ...]]:
+        """(O, I/g, kernel) of a weights shape, in the forward problem's terms."""
+        if len(shape) != self.rank + 2:
+            _fail(self.op, f"{name} rank", len(shape), f"{self.rank + 2} (the data rank)")
+        if self.weights_spatial_first:
+            kernel, i_g, o = tuple(shape[:-2]), shape[-2], shape[-1]
+        else:
+            o, i_g, kernel = shape[0], shape[1], tuple(shape[2:])
+        if 0 in shape:
+            _fail(self.op, f"{name} shape", tuple(shape), "no zero-sized dimension")
+        return o, i_g, kernel
+
+    def join_weights(self, o: int, i_g: int, kernel: Sequence[int]) -> tuple[int, ...]:
+        return (*kernel, i_g, o) if self.weights_spatial_first else (o, i_g, *kernel)
+
+
+def _shape_value(op: str, name: str, value, rank: int) -> list[int]:
+    values = _int_list(op, name, value)
+    if len(values) not in (rank, rank + 2):
+        _fail(op, name, value, f"{rank} spatial sizes or a full shape of {rank + 2}")
+    if any(v < 0 or v > MAX_EXTENT for v in values):
+        _fail(op, name, value, "non-negative sizes")
+    return values
+
+
+def _spatial_of_shape(op: str, name: str, values: list[int], layout: _Layout,
+                      batch: int, channels: int) -> tuple[int, ...]:
+    """Spatial part of a data-shape attribute, checking N and C of a full one."""
+    if len(values) == layout.rank:
+        spatial = tuple(values)
+    else:
+        n, c, spatial = layout.split_data(name, values)
+        if n != batch or c != channels:
+            _fail(op, name, values, f"batch {batch} and {channels} channels")
+    if 0 in spatial:
+        _fail(op, name, values, "non-zero spatial sizes")
+    return spatial
+
+
+def _divisible(op: str, what: str, channels: int, groups: int) -> None:
+    if channels % groups:
+        _fail(op, "groups", groups, f"a divisor of the {channels} {what} channels")
+
+
+def _extent(k: int, d: int) -> int:
+    return d * (k - 1) + 1
+
+
+def _pads_for_input(attrs: _Attrs, size: Sequence[int], kernel: Sequence[int]):
+    """Pads of a forward convolution reading `size`: rules 2 (with shape), 3, 4 and 5."""
+    if attrs.auto_pad == "none":
+        return attrs.pads_begin, attrs.pads_end
+    if attrs.auto_pad == "valid":
+        return (0,) * len(size), (0,) * len(size)
+    pads = [tf_same_pads(y, _extent(k, d), s, attrs.auto_pad == "same_upper")
+            for y, k, s, d in zip(size, kernel, attrs.strides, attrs.dilations, strict=True)]
+    return tuple(p[0] for p in pads), tuple(p[1] for p in pads)
+
+
+def _check_dst(op: str, name: str, dst: Sequence[int], src: Sequence[int], kernel, attrs,
+               pb, pe) -> None:
+    expected = tuple(
+        conv_output_size(y, _extent(k, d), s, b, e)
+        for y, k, s, d, b, e in zip(src, kernel, attrs.strides, attrs.dilations, pb, pe,
+                                    strict=True))
+    if tuple(dst) != expected:
+        _fail(op, f"{name} spatial shape", tuple(dst),
+              f"{expected} from the other input, kernel, strides, dilations and pads")
+
+
+def _bwd_data_spatial(spec: OpSpec, attrs: _Attrs, dst: Sequence[int], kernel, shape):
+    """Result size and pads of the backward-data ops (SEMANTICS.md rules 1 and 2)."""
+    rank = len(dst)
+    extents = [_extent(k, d) for k, d in zip(kernel, attrs.dilations, strict=True)]
+    if spec.kind == "ConvolutionBackpropData":
+        if shape is not None:
+            if attrs.auto_pad in ("same_upper", "same_lower"):
+                pb, pe = [], []
+                for x, y, kk, s, p in zip(dst, shape, extents, attrs.strides,
+                                          attrs.output_padding, strict=True):
+                    total = max(s * (x - 1) + kk - y + p, 0)
+                    end = total // 2 if attrs.auto_pad == "same_upper" else total - total // 2
+                    pb.append(total - end)
+                    pe.append(end)
+                return tuple(shape), tuple(pb), tuple(pe)
+            if attrs.auto_pad == "valid":
+                return tuple(shape), (0,) * rank, (0,) * rank
+            return tuple(shape), attrs.pads_begin, attrs.pads_end
+        if attrs.auto_pad == "none":
+            pb, pe = attrs.pads_begin, attrs.pads_end
+        else:
+            pb, pe = (0,) * rank, (0,) * rank
+    else:  # ConvolutionBackwardData
+        if shape is not None:
+            pb, pe = _pads_for_input(attrs, shape, kernel)
+            _check_dst(spec.kind, spec.inputs[0], dst, shape, kernel, attrs, pb, pe)
+            return tuple(shape), pb, pe
+        if attrs.auto_pad in ("same_upper", "same_lower"):
+            size = tuple(x * s for x, s in zip(dst, attrs.strides, strict=True))
+            pb, pe = _pads_for_input(attrs, size, kernel)
+            return size, pb, pe
+        if attrs.auto_pad == "valid":
+            pb, pe = (0,) * rank, (0,) * rank
+        else:
+            pb, pe = attrs.pads_begin, attrs.pads_end
+    size = tuple(s * (x - 1) + kk - b - e + p for x, kk, s, b, e, p in
+                 zip(dst, extents, attrs.strides, pb, pe, attrs.output_padding, strict=True))
+    if any(y < 1 for y in size):
+        _fail(spec.kind, f"{spec.output} spatial shape", size,
+              "positive sizes (pads are larger than the transposed convolution's result)")
+    return size, pb, pe
+
+
+def _kernel_from_shape(spec: OpSpec, layout: _Layout, shape, o: int, i_g: int):
+    if shape is None:
+        _fail(spec.kind, spec.shape_name, None,
+              "the weights shape as input or attribute (the kernel extent comes from it)")
+    if len(shape) == layout.rank:
+        kernel = tuple(shape)
+    else:
+        got_o, got_i_g, kernel = layout.split_weights(spec.shape_name, shape)
+        if (got_o, got_i_g) != (o, i_g):
+            _fail(spec.kind, spec.shape_name, list(shape),
+                  f"a weights shape {layout.join_weights(o, i_g, kernel)} that agrees "
+                  f"with the data channels and groups")
+    if any(k < 1 for k in kernel):
+        _fail(spec.kind, spec.shape_name, list(shape), "positive kernel sizes")
+    return kernel
+
+
+def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,
+            shape_input=None, dtype: str = "f32") -> Problem:
+    """Validate one call and work out its kernel, run-time sizes and result shape.
+
+    `shapes` are the shapes of the two data inputs in the op's order; `shape_input`
+    is the optional shape input (it wins over the shape attribute).
+    """
+    spec = OPS.get(kind) if isinstance(kind, str) else None
+    if spec is None:
+        _fail("execute", "op_kind", kind, f"one of {list(OPS)}")
+    op = spec.kind
+    first, second = (tuple(_int_list(op, f"{n} shape", s)) for n, s in
+                     zip(spec.inputs, shapes, strict=True))
+    if len(first) not in (3, 4, 5):
+        _fail(op, f"{spec.inputs[0]} rank", len(first), "3, 4 or 5 (1 to 3 spatial axes)")
+    rank = len(first) - 2
+    attrs = dict(attrs)
+    if shape_input is not None and spec.shape_name:
+        attrs[spec.shape_name] = shape_input
+    a = _normalize(spec, attrs, rank)
+    layout = _Layout(spec, a, rank)
+    shape = attrs.get(spec.shape_name) if spec.shape_name else None
+    if shape is not None:
+        shape = _shape_value(op, spec.shape_name, shape, rank)
+    g = a.groups
+
+    if spec.family == "bwd_data":
+        n, oc, dst = layout.split_data(spec.inputs[0], first)
+        w_oc, ic_g, kernel = layout.split_weights(spec.inputs[1], second)
+        if w_oc != oc:
+            _fail(op, f"{spec.inputs[1]} shape", second,
+                  f"{oc} output channels, as {spec.inputs[0]} has")
+        _divisible(op, "output", oc, g)
+        ic = ic_g * g
+        if shape is not None:
+            shape = _spatial_of_shape(op, spec.shape_name, shape, layout, n, ic)
+        src, pb, pe = _bwd_data_spatial(spec, a, dst, kernel, shape)
+        cin_g, cout_g, out = ic_g, oc // g, layout.join_data(n, ic, src)
+        swap = False
+    elif spec.family == "fwd":  # ConvTransposeBackwardData: conv of diff_dst
+        n, oc, src = layout.split_data(spec.inputs[0], first)
+        ic, oc_g, kernel = layout.split_weights(spec.inputs[1], second)
+        _divisible(op, "input", ic, g)
+        if oc_g * g != oc:
+            _fail(op, f"{spec.inputs[1]} shape", second,
+                  f"{oc // g if oc % g == 0 else oc}/groups output channels per group "
+                  f"({oc} in {spec.inputs[0]}, groups {g})")
+        pb, pe = _pads_for_input(a, src, kernel)
+        dst = tuple(conv_output_size(y, _extent(k, d), s, b, e) for y, k, s, d, b, e in
+                    zip(src, kernel, a.strides, a.dilations, pb, pe, strict=True))
+        if any(x < 1 for x in dst):
+            _fail(op, f"{spec.inputs[0]} spatial shape", src,
+                  f"sizes at least the dilated kernel extent minus pads (result {dst})")
+        cin_g, cout_g, out = oc_g, ic // g, layout.join_data(n, ic, dst)
+        swap = False
+    else:  # weight gradients
+        n, c0, sp0 = layout.split_data(spec.inputs[0], first)
+        n1, c1, sp1 = layout.split_data(spec.inputs[1], second)
+        if n1 != n:
+            _fail(op, f"{spec.inputs[1]} batch", n1, f"{n}, the batch of {spec.inputs[0]}")
+        # Forward problem: src is read with the kernel, dst is the convolution's result.
+        swap = spec.transpose
+        (cin, src), (cout, dst) = ((c1, sp1), (c0, sp0)) if swap else ((c0, sp0), (c1, sp1))
+        _divisible(op, "input" if not swap else "output", cin, g)
+        _divisible(op, "output" if not swap else "input", cout, g)
+        kernel = _kernel_from_shape(spec, layout, shape, cout, cin // g)
+        pb, pe = _pads_for_input(a, src, kernel)
+        dst_name = spec.inputs[0] if swap else spec.inputs[1]
+        _check_dst(op, dst_name, dst, src, kernel, a, pb, pe)
+        cin_g, cout_g = cin // g, cout // g
+        out = layout.join_weights(cout, cin_g, kernel)
+
+    if any(v > MAX_EXTENT for v in (*src, *dst, *out, n)):
+        _fail(op, "shape", out, f"sizes at most {MAX_EXTENT}")
+    weights_format = {"IOX": "OIX", "XOI": "XIO"}.get(a.weights_format, a.weights_format)
+    config = KernelConfig(
+        family=spec.family, kernel=tuple(kernel), strides=a.strides, dilations=a.dilations,
+        groups=g, cin_per_group=cin_g, cout_per_group=cout_g, data_format=a.data_format,
+        weights_format=weights_format, dtype=dtype)
+    return Problem(op=spec, config=config, batch=n, src_spatial=tuple(src),
+                   dst_spatial=tuple(dst), pads_begin=tuple(pb), pads_end=tuple(pe),
+                   output_shape=tuple(out), swap_inputs=swap)

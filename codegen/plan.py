@@ -1,0 +1,73 @@
+"""The planner: what the templates need to spell out one configuration.
+
+Chooses the target ISA (from the CPU features the runtime detects, or a forced
+one), its compiler flags, and the per-configuration choices such as unrolling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from codegen.config import ISAS, KernelConfig
+
+# CPU features (Linux /proc/cpuinfo names) each ISA path needs, best path first.
+ISA_FEATURES: dict[str, frozenset[str]] = {
+    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}),
+    "avx2": frozenset({"avx2", "fma", "f16c"}),
+    "portable": frozenset(),
+}
+
+# Target flags per ISA; the portable path is the compiler's baseline for the machine.
+ISA_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
+               "-mf16c", "-mprefer-vector-width=512"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
+    "portable": (),
+}
+
+FAMILY_DOCS = {
+    "fwd": "forward convolution, for ConvTransposeBackwardData",
+    "bwd_data": "transposed convolution, for ConvolutionBackpropData/BackwardData",
+    "bwd_weights": "weight gradient, for ConvolutionBackpropFilters/BackwardWeights "
+                   "and ConvTransposeBackwardWeights",
+}
+
+# Tap loops longer than this stay loops instead of being unrolled.
+MAX_UNROLLED_TAPS = 16
+
+
+def runnable_isas(cpu_features: Iterable[str]) -> list[str]:
+    """ISA paths this CPU can run, best first."""
+    features = set(cpu_features)
+    return [isa for isa in ISAS[::-1] if ISA_FEATURES[isa] <= features]
+
+
+def best_isa(cpu_features: Iterable[str]) -> str:
+    return runnable_isas(cpu_features)[0]
+
+
+def render_context(config: KernelConfig, generator_version: str) -> dict:
+    """Everything kernel.c.j2 reads, derived from the configuration."""
+    pad = 3 - config.rank
+    kernel_w = config.kernel[-1]
+    return {
+        "name": config.name,
+        "generator_version": generator_version,
+        "family": config.family,
+        "family_doc": FAMILY_DOCS[config.family],
+        "config_items": list(config.to_dict().items()),
+        "rank": config.rank,
+        "groups": config.groups,
+        "cin_per_group": config.cin_per_group,
+        "cout_per_group": config.cout_per_group,
+        "k3": (1,) * pad + config.kernel,
+        "s3": (1,) * pad + config.strides,
+        "d3": (1,) * pad + config.dilations,
+        "dtype": config.dtype,
+        "data_format": config.data_format,
+        "weights_format": config.weights_format,
+        # f32 channels-last data is used in place; anything else goes through f32 scratch.
+        "pack_data": config.dtype != "f32" or config.data_format != "NXC",
+        "unroll_taps": f"#pragma GCC unroll {kernel_w}" if 1 < kernel_w <= MAX_UNROLLED_TAPS
+        else "",
+    }

@@ -1,0 +1,56 @@
+"""Renders C source for a kernel configuration from the Jinja2 templates."""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import jinja2
+
+from codegen.config import KernelConfig
+from codegen.plan import render_context
+
+PACKAGE_VERSION = "0.1.0"
+
+
+def _template_dir() -> Path:
+    return Path(str(resources.files("templates")))
+
+
+@cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_template_dir()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+@cache
+def generator_version() -> str:
+    """Package version plus a hash of every template and generator source file.
+
+    Any change to what renders the C changes this, and so every cache key."""
+    digest = hashlib.sha256()
+    sources = sorted(_template_dir().glob("*.j2")) + sorted(Path(__file__).parent.glob("*.py"))
+    for path in sources:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return f"{PACKAGE_VERSION}+{digest.hexdigest()[:12]}"
+
+
+def render(config: KernelConfig) -> str:
+    """C source of one kernel; the exported function is named `config.name`."""
+    template = _environment().get_template("kernel.c.j2")
+    return template.render(**render_context(config, generator_version()))
+
+
+def render_header(configs: list[KernelConfig]) -> str:
+    """A C header declaring the given kernels (for AOT builds)."""
+    template = _environment().get_template("header.h.j2")
+    return template.render(names=[c.name for c in configs], configs=configs,
+                           generator_version=generator_version())

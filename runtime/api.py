@@ -1,0 +1,192 @@
+"""The public functions of SEMANTICS.md: one per op, plus execute and infer_shape."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from codegen import OPS, Problem, resolve
+from runtime.cpu import selected_isa
+from runtime.kernels import STATUS, ffi, get_kernel
+
+DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16",
+          np.dtype(ml_dtypes.bfloat16): "bf16"}
+
+_num_threads = 0  # 0: OpenMP's default (OMP_NUM_THREADS, else every core)
+
+
+def set_num_threads(count: int | None) -> None:
+    """Threads every kernel call uses unless the call says otherwise (None: default)."""
+    global _num_threads
+    if count is not None and (not isinstance(count, int) or count < 1):
+        raise ValueError(f"num_threads = {count!r} is invalid; expected a positive integer")
+    _num_threads = count or 0
+
+
+def get_num_threads() -> int:
+    """Threads a kernel call uses (OpenMP's default resolved)."""
+    if _num_threads:
+        return _num_threads
+    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
+    return int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
+
+
+def _data_array(op: str, name: str, value) -> np.ndarray:
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{op}: {name} is a {type(value).__name__}; expected a numpy.ndarray")
+    if value.dtype not in DTYPES:
+        raise TypeError(f"{op}: {name} has dtype {value.dtype}; expected float32, float16 "
+                        "or bfloat16 (ml_dtypes)")
+    return np.ascontiguousarray(value)
+
+
+def _shape_input(op: str, name: str, value):
+    if isinstance(value, np.ndarray):
+        if value.ndim != 1 or value.dtype.kind not in "iu":
+            raise TypeError(f"{op}: {name} is a {value.dtype} array of shape {value.shape}; "
+                            "expected a 1-D integer array")
+        return value.tolist()
+    return value
+
+
+def _check_out(op: str, out, problem: Problem, dtype: np.dtype, inputs) -> np.ndarray:
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{op}: out is a {type(out).__name__}; expected a numpy.ndarray")
+    if out.dtype != dtype:
+        raise TypeError(f"{op}: out has dtype {out.dtype}; expected {dtype}")
+    if out.shape != problem.output_shape:
+        raise ValueError(f"{op}: out has shape {out.shape}; expected {problem.output_shape}")
+    if not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{op}: out must be a writeable C-contiguous array")
+    if any(np.may_share_memory(out, x) for x in inputs):
+        raise ValueError(f"{op}: out overlaps an input array")
+    return out
+
+
+def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | None = None,
+        num_threads: int | None = None) -> np.ndarray:
+    """Validates, infers the result shape and pads, and runs the op's kernel."""
+    spec = OPS.get(op_kind) if isinstance(op_kind, str) else None
+    if spec is None:
+        raise ValueError(f"execute: op_kind = {op_kind!r} is invalid; expected one of "
+                         f"{list(OPS)}")
+    op = spec.kind
+    limit = 3 if spec.shape_name else 2
+    if not 2 <= len(inputs) <= limit:
+        raise ValueError(f"{op}: {len(inputs)} inputs given; expected {spec.inputs} "
+                         + (f"and optionally {spec.shape_name}" if spec.shape_name else ""))
+    a, b = (_data_array(op, name, x) for name, x in zip(spec.inputs, inputs, strict=False))
+    if a.dtype != b.dtype:
+        raise TypeError(f"{op}: {spec.inputs[0]} is {a.dtype} but {spec.inputs[1]} is "
+                        f"{b.dtype}; expected one dtype")
+    shape_input = _shape_input(op, spec.shape_name, inputs[2]) if len(inputs) > 2 else None
+    problem = resolve(op, (a.shape, b.shape), attrs, shape_input, DTYPES[a.dtype])
+    if out is None:
+        out = np.empty(problem.output_shape, dtype=a.dtype)
+    else:
+        out = _check_out(op, out, problem, a.dtype, (a, b))
+    if out.size == 0:  # batch 0 of a data op
+        return out
+    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+        raise ValueError(f"{op}: num_threads = {num_threads!r} is invalid; expected a "
+                         "positive integer")
+    kernel = get_kernel(problem.config.with_isa(selected_isa()))
+    first, second = (b, a) if problem.swap_inputs else (a, b)
+    rank = problem.config.rank
+    dims = ffi.new("convgrad_dims *")
+    dims.batch = problem.batch
+    dims.src[0:rank] = problem.src_spatial
+    dims.dst[0:rank] = problem.dst_spatial
+    dims.pads_begin[0:rank] = problem.pads_begin
+    dims.num_threads = num_threads or _num_threads
+    status = kernel.function(ffi.from_buffer(first), ffi.from_buffer(second),
+                             ffi.from_buffer(out, require_writable=True), dims)
+    if status:
+        error = MemoryError if status == 2 else RuntimeError
+        raise error(f"{op}: kernel {kernel.config.name} failed: "
+                    f"{STATUS.get(status, status)}")
+    return out
+
+
+def execute(op_kind: str, inputs: Sequence, attrs: Mapping | None = None, *,
+            out: np.ndarray | None = None, num_threads: int | None = None) -> np.ndarray:
+    """Runs `op_kind` (a name of SEMANTICS.md's first column) on `inputs` (the data
+    arrays, then optionally the shape input) with `attrs` (spec attribute names)."""
+    if attrs is not None and not isinstance(attrs, Mapping):
+        raise TypeError(f"execute: attrs is a {type(attrs).__name__}; expected a dict")
+    if not isinstance(inputs, Sequence) or isinstance(inputs, str):
+        raise TypeError(f"execute: inputs is a {type(inputs).__name__}; expected a list")
+    return run(op_kind, list(inputs), attrs or {}, out=out, num_threads=num_threads)
+
+
+def infer_shape(op_kind: str, input_shapes: Sequence, attrs: Mapping | None = None
+                ) -> tuple[int, ...]:
+    """The result shape of `op_kind` without computing it. `input_shapes` holds the
+    shapes of the two data inputs, then optionally the shape input's value."""
+    if not isinstance(op_kind, str) or op_kind not in OPS:
+        raise ValueError(f"infer_shape: op_kind = {op_kind!r} is invalid; expected one of "
+                         f"{list(OPS)}")
+    shapes = list(input_shapes)
+    if len(shapes) not in (2, 3):
+        raise ValueError(f"infer_shape: {len(shapes)} input shapes given; expected 2 (or 3 "
+                         "with the shape input)")
+    shape_input = shapes[2] if len(shapes) == 3 else None
+    return resolve(op_kind, shapes[:2], attrs or {}, shape_input).output_shape
+
+
+_ATTRIBUTE_DEFAULTS = {"strides": 1, "pads_begin": 0, "pads_end": 0, "dilations": 1,
+                       "auto_pad": "none", "output_padding": 0, "groups": 1,
+                       "data_format": "NXC"}
+
+
+def _op_function(kind: str):
+    """Builds the public function of one op, keyword attributes and all."""
+    spec = OPS[kind]
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [inspect.Parameter(name, positional) for name in spec.inputs]
+    if spec.shape_name:
+        parameters.append(inspect.Parameter(f"{spec.shape_name}_input", positional,
+                                            default=None))
+    for name in spec.attributes:
+        default = _ATTRIBUTE_DEFAULTS.get(name)
+        if name == spec.weights_attr:
+            default = spec.weights_formats[1]
+        parameters.append(inspect.Parameter(name, keyword, default=default))
+    parameters += [inspect.Parameter("out", keyword, default=None),
+                   inspect.Parameter("num_threads", keyword, default=None)]
+    signature = inspect.Signature(parameters)
+
+    def function(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        values = bound.arguments
+        inputs = [values[name] for name in spec.inputs]
+        shape_input = values.get(f"{spec.shape_name}_input") if spec.shape_name else None
+        if shape_input is not None:
+            inputs.append(shape_input)
+        attrs = {name: values[name] for name in spec.attributes if name in values}
+        return run(kind, inputs, attrs, out=values.get("out"),
+                   num_threads=values.get("num_threads"))
+
+    function.__name__ = function.__qualname__ = spec.function
+    function.__signature__ = signature
+    shape_doc = (f" The optional third positional argument is the `{spec.shape_name}` input; "
+                 f"it wins over the `{spec.shape_name}` attribute." if spec.shape_name else "")
+    function.__doc__ = (
+        f"{kind}: computes `{spec.output}` from `{spec.inputs[0]}` and `{spec.inputs[1]}`."
+        f"{shape_doc}\n\nAttributes are keywords with the spec's names (see SEMANTICS.md); "
+        "a scalar per-axis value applies to every spatial axis. `out` is an optional "
+        "preallocated C-contiguous result, `num_threads` the OpenMP threads of this call.")
+    return function
+
+
+convolution_backprop_data = _op_function("ConvolutionBackpropData")
+convolution_backward_data = _op_function("ConvolutionBackwardData")
+convolution_backprop_filters = _op_function("ConvolutionBackpropFilters")
+convolution_backward_weights = _op_function("ConvolutionBackwardWeights")
+conv_transpose_backward_data = _op_function("ConvTransposeBackwardData")
+conv_transpose_backward_weights = _op_function("ConvTransposeBackwardWeights")

@@ -1,0 +1,66 @@
+"""Invoking the system C compiler."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+from codegen.plan import ISA_FLAGS
+
+BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-fopenmp", "-fno-math-errno")
+
+
+class CompilerNotFoundError(RuntimeError):
+    """No C compiler is available to build a kernel that is not cached."""
+
+
+class CompileError(RuntimeError):
+    """The C compiler rejected a generated kernel."""
+
+
+def compiler_command() -> list[str]:
+    """The C compiler to run: $CC (may carry arguments), default `cc`."""
+    return shlex.split(os.environ.get("CC", "").strip() or "cc")
+
+
+def compile_flags(isa: str) -> tuple[str, ...]:
+    """Every flag a kernel is compiled with (CONVGRAD_CFLAGS adds more)."""
+    extra = tuple(shlex.split(os.environ.get("CONVGRAD_CFLAGS", "")))
+    return BASE_FLAGS + ISA_FLAGS[isa] + extra
+
+
+@cache
+def _identity(command: tuple[str, ...]) -> str:
+    executable = shutil.which(command[0])
+    if executable is None:
+        raise CompilerNotFoundError(
+            f"C compiler {command[0]!r} not found (set CC, or build the kernels ahead of "
+            "time with `python -m runtime.aot` and point CONVGRAD_AOT_PATH at them)")
+    try:
+        result = subprocess.run([*command, "--version"], capture_output=True, text=True,
+                                timeout=60, check=False)
+    except OSError as error:
+        raise CompilerNotFoundError(f"C compiler {command[0]!r} cannot run: {error}") from None
+    return f"{executable}: {result.stdout.strip()}"
+
+
+def compiler_identity() -> str:
+    """Path and `--version` text of the compiler, part of every cache key."""
+    return _identity(tuple(compiler_command()))
+
+
+def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = True) -> None:
+    """Compiles C sources into a shared library (or, with shared=False, one object)."""
+    compiler_identity()  # a clear error if there is no compiler
+    kind = ["-shared"] if shared else ["-c"]
+    command = [*compiler_command(), *compile_flags(isa), *kind, "-o", str(output),
+               *map(str, sources)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise CompileError(
+            f"compiling {', '.join(map(str, sources))} failed ({shlex.join(command)}):\n"
+            f"{result.stderr.strip()}")

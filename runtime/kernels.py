@@ -1,0 +1,148 @@
+"""Loading compiled kernels through cffi, and the in-process table of loaded ones."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import cffi
+
+from codegen import KernelConfig, generator_version
+from runtime import cache
+from runtime.cpu import available_isas
+
+log = logging.getLogger("convgrad")
+
+_CDEF = """
+typedef struct convgrad_dims {
+    int64_t batch;
+    int64_t src[3];
+    int64_t dst[3];
+    int64_t pads_begin[3];
+    int32_t num_threads;
+} convgrad_dims;
+"""
+STATUS = {1: "invalid run-time sizes", 2: "out of memory"}
+
+ffi = cffi.FFI()
+ffi.cdef(_CDEF)
+_lock = threading.RLock()
+_declared: set[str] = set()
+_loaded: dict[KernelConfig, Kernel] = {}
+_libraries: dict[Path, object] = {}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A loaded kernel: call it with (a, b, out, dims) as cffi pointers."""
+
+    config: KernelConfig
+    function: object
+    origin: str  # "aot", "cache" or "compiled"
+    path: Path
+
+
+def _bind(config: KernelConfig, path: Path) -> object:
+    with _lock:
+        if config.name not in _declared:
+            ffi.cdef(f"int {config.name}(const void *, const void *, void *, "
+                     "const convgrad_dims *);")
+            _declared.add(config.name)
+        library = _libraries.get(path)
+        if library is None:
+            library = ffi.dlopen(str(path))
+            _libraries[path] = library
+        return getattr(library, config.name)
+
+
+def aot_search_path() -> list[Path]:
+    """Folders whose manifest.json lists ahead-of-time kernels: CONVGRAD_AOT_PATH
+    (os.pathsep-separated), else the repository's generated/ folder."""
+    explicit = os.environ.get("CONVGRAD_AOT_PATH")
+    if explicit is not None:
+        return [Path(p) for p in explicit.split(os.pathsep) if p]
+    return [Path(__file__).resolve().parent.parent / "generated"]
+
+
+_aot_index: dict[KernelConfig, Path] | None = None
+_aot_index_path: list[Path] | None = None
+
+
+def _read_manifests() -> dict[KernelConfig, Path]:
+    index: dict[KernelConfig, Path] = {}
+    for folder in aot_search_path():
+        manifest = folder / "manifest.json"
+        if not manifest.is_file():
+            continue
+        try:
+            data = json.loads(manifest.read_text())
+            if data.get("generator_version") != generator_version():
+                log.warning("ignoring %s: built by convgrad %s, this is %s", manifest,
+                            data.get("generator_version"), generator_version())
+                continue
+            library = folder / data["library"]
+            for entry in data["kernels"]:
+                index.setdefault(KernelConfig.from_dict(entry["config"]), library)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.warning("ignoring unreadable AOT manifest %s: %s", manifest, error)
+    return index
+
+
+def _aot_library(config: KernelConfig) -> Path | None:
+    global _aot_index, _aot_index_path
+    path = aot_search_path()
+    if _aot_index is None or path != _aot_index_path:
+        _aot_index, _aot_index_path = _read_manifests(), path
+    return _aot_index.get(config)
+
+
+def reset() -> None:
+    """Forgets loaded kernels and AOT manifests (tests; after changing the env)."""
+    global _aot_index
+    with _lock:
+        _loaded.clear()
+        _aot_index = None
+
+
+def get_kernel(config: KernelConfig) -> Kernel:
+    """The kernel for `config`: already loaded, from an AOT build, or from the disk
+    cache (compiled there first if needed). An AOT kernel for a lesser ISA this CPU
+    runs is taken before compiling."""
+    kernel = _loaded.get(config)
+    if kernel is not None:
+        return kernel
+    with _lock:
+        kernel = _loaded.get(config)
+        if kernel is None:
+            kernel = _load(config)
+            _loaded[config] = kernel
+        return kernel
+
+
+def _load(config: KernelConfig) -> Kernel:
+    isas = available_isas()
+    for isa in isas[isas.index(config.isa):] if config.isa in isas else [config.isa]:
+        library = _aot_library(config.with_isa(isa))
+        if library is not None:
+            try:
+                function = _bind(config.with_isa(isa), library)
+            except (OSError, AttributeError) as error:
+                log.warning("AOT library %s unusable: %s", library, error)
+                continue
+            log.debug("%s: ahead-of-time kernel from %s", config.name, library)
+            return Kernel(config.with_isa(isa), function, "aot", library)
+    fresh = not cache.library_path(config).exists()
+    path = cache.build(config)
+    try:
+        function = _bind(config, path)
+    except (OSError, AttributeError) as error:  # truncated or foreign file: rebuild once
+        log.warning("cached kernel %s unusable (%s); rebuilding", path, error)
+        path.unlink(missing_ok=True)
+        path = cache.build(config, rebuild=True)
+        function = _bind(config, path)
+        fresh = True
+    return Kernel(config, function, "compiled" if fresh else "cache", path)

@@ -1,0 +1,230 @@
+"""Every op of the runtime against the independent numpy reference.
+
+Inputs are small integers, so f32 sums are exact and compared bit for bit; f16 and
+bf16 results are compared exactly with the exact sum rounded once to the dtype.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from cases import DATA_OPS, DTYPES, SHAPE_NAMES, TRANSPOSE, make_case
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from reference import OP_KINDS
+
+import runtime
+from runtime import api
+
+FUNCTIONS = {spec.kind: getattr(runtime, spec.function) for spec in api.OPS.values()}
+
+
+def assert_exact(case, result):
+    dtype = result.dtype
+    expected = case.expected(dtype)
+    assert result.shape == expected.shape
+    np.testing.assert_array_equal(result.view(np.uint16 if dtype.itemsize == 2 else np.uint32),
+                                  expected.view(np.uint16 if dtype.itemsize == 2 else np.uint32))
+
+
+def run_case(case, **kwargs):
+    result = runtime.execute(case.op, case.inputs, case.attrs, **kwargs)
+    assert_exact(case, result)
+    return result
+
+
+# Per rank: stride and dilation above 1 somewhere, asymmetric pads.
+GEOMETRY = {
+    1: dict(spatial=(9,), kernel=(3,), attrs=dict(strides=2, dilations=2, pads_begin=[2],
+                                                   pads_end=[1])),
+    2: dict(spatial=(7, 6), kernel=(3, 2), attrs=dict(strides=[2, 1], dilations=[1, 2],
+                                                       pads_begin=[1, 0], pads_end=[0, 2])),
+    3: dict(spatial=(4, 5, 3), kernel=(2, 3, 2),
+            attrs=dict(strides=[1, 2, 1], dilations=[2, 1, 1], pads_begin=[1, 2, 0],
+                       pads_end=[0, 1, 1])),
+}
+
+
+def _weights_formats(op):
+    return ("IOX", "XOI") if op in TRANSPOSE else ("OIX", "XIO")
+
+
+GRID = [(op, rank, df, wf, dt) for op, rank, df, dt in
+        itertools.product(OP_KINDS, (1, 2, 3), ("NXC", "NCX"), DTYPES)
+        for wf in _weights_formats(op)]
+
+
+@pytest.mark.parametrize("op,rank,data_format,weights_format,dtype", GRID)
+def test_grid(op, rank, data_format, weights_format, dtype):
+    """op x rank x data layout x weights layout x dtype, grouped, strided, dilated."""
+    geometry = GEOMETRY[rank]
+    case = make_case(op, **geometry, groups=2, in_channels=4, out_channels=6,
+                     data_format=data_format, weights_format=weights_format, dtype=dtype)
+    run_case(case)
+
+
+@pytest.mark.parametrize("op", OP_KINDS)
+@pytest.mark.parametrize("groups,in_channels,out_channels", [(1, 3, 5), (3, 6, 9), (8, 8, 8),
+                                                             (4, 4, 8)])
+def test_groups(op, groups, in_channels, out_channels):
+    """Groups 1, > 1 and depthwise (with and without a channel multiplier)."""
+    case = make_case(op, spatial=(6, 5), kernel=(3, 3), groups=groups, in_channels=in_channels,
+                     out_channels=out_channels, attrs=dict(pads_begin=1, pads_end=1), seed=3)
+    run_case(case)
+
+
+AUTO_PADS = ["none", "explicit", "", "same_upper", "same_lower", "valid", "SAME_UPPER", "Valid"]
+
+
+SHAPE_MODES = [(op, mode) for op in OP_KINDS
+               for mode in ["absent", "attribute", "input", "full", "full_input"]
+               # ConvTransposeBackwardData has no shape; the weight gradients need theirs.
+               if (mode == "absent") == (op == "ConvTransposeBackwardData")
+               or (mode == "absent" and op in DATA_OPS)]
+
+
+@pytest.mark.parametrize("op,shape_mode", SHAPE_MODES)
+@pytest.mark.parametrize("auto_pad", AUTO_PADS)
+def test_auto_pad_and_shape(op, auto_pad, shape_mode):
+    """Every auto_pad spelling with the shape absent, as attribute or input, spatial or full."""
+    attrs = dict(strides=[2, 3], dilations=[1, 2], pads_begin=[2, 1], pads_end=[0, 3],
+                 auto_pad=auto_pad)
+    case = make_case(op, spatial=(7, 8), kernel=(3, 2), attrs=attrs, shape_mode=shape_mode,
+                     seed=5)
+    run_case(case)
+
+
+@pytest.mark.parametrize("op", DATA_OPS)
+@pytest.mark.parametrize("output_padding", [[1, 0], [0, 2], 1])
+def test_output_padding(op, output_padding):
+    attrs = dict(strides=[2, 3], dilations=[1, 1], output_padding=output_padding)
+    case = make_case(op, spatial=(4, 3), kernel=(3, 3), attrs=attrs, shape_mode="absent")
+    run_case(case)
+
+
+@pytest.mark.parametrize("op", sorted(SHAPE_NAMES))
+def test_shape_input_wins_over_attribute(op):
+    case = make_case(op, spatial=(6, 6), kernel=(3, 3), shape_mode="input",
+                     attrs=dict(pads_begin=1, pads_end=1))
+    wrong = [7, 7] if op in DATA_OPS else [1, 1]
+    case.attrs[SHAPE_NAMES[op]] = wrong  # the input must win
+    result = runtime.execute(case.op, case.inputs, case.attrs)
+    case.attrs.pop(SHAPE_NAMES[op])
+    assert_exact(case, result)
+
+
+@pytest.mark.parametrize("op", OP_KINDS)
+def test_functions_match_execute(op):
+    """The per-op functions take the same inputs and keyword attributes."""
+    case = make_case(op, spatial=(5, 6), kernel=(2, 3), groups=2, shape_mode="input",
+                     attrs=dict(strides=2, pads_begin=[1, 0]))
+    result = FUNCTIONS[op](*case.inputs, **case.attrs)
+    assert_exact(case, result)
+
+
+@pytest.mark.parametrize("op", OP_KINDS)
+def test_out_argument(op):
+    case = make_case(op, spatial=(5, 4), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1))
+    expected = runtime.execute(case.op, case.inputs, case.attrs)
+    out = np.full_like(expected, 99)
+    result = runtime.execute(case.op, case.inputs, case.attrs, out=out)
+    assert result is out
+    assert_exact(case, out)
+
+
+@pytest.mark.parametrize("op", OP_KINDS)
+def test_empty_batch(op):
+    case = make_case(op, spatial=(5, 4), kernel=(3, 3), batch=0,
+                     attrs=dict(pads_begin=1, pads_end=1))
+    result = runtime.execute(case.op, case.inputs, case.attrs)
+    expected = case.expected(np.float32)
+    assert result.shape == expected.shape
+    if op in DATA_OPS:
+        assert result.size == 0
+    else:
+        assert np.all(result == 0)  # a sum over no samples
+
+
+@pytest.mark.parametrize("op", OP_KINDS)
+def test_non_contiguous_inputs(op):
+    case = make_case(op, spatial=(5, 4), kernel=(3, 3), attrs=dict(pads_begin=1))
+    case.inputs[0] = np.asfortranarray(case.inputs[0])
+    run_case(case)
+
+
+@pytest.mark.parametrize("dtype,base", [("bf16", 256), ("f16", 2048)])
+def test_rounding_is_to_nearest_even(dtype, base):
+    """Sums base + 1, base + 2, ... fall on and between representable values (spacing 2
+    there), so ties must go to the even neighbour."""
+    np_dtype = DTYPES[dtype]
+    offsets = np.arange(1, 17, dtype=np.float32)
+    diff_dst = np.stack([np.full_like(offsets, base), offsets], axis=-1)[None]  # N, W, C=2
+    weights = np.ones((1, 1, 2), dtype=np.float32)  # X=1, I=1, O=2
+    result = runtime.convolution_backward_data(diff_dst.astype(np_dtype),
+                                               weights.astype(np_dtype))
+    exact = base + offsets
+    # Odd sums lie halfway between two neighbours; the even one is the multiple of 4.
+    expected = np.where(exact % 2 == 0, exact,
+                        np.where((exact - 1) % 4 == 0, exact - 1, exact + 1))
+    np.testing.assert_array_equal(result[0, :, 0].astype(np.float32), expected)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op", OP_KINDS)
+def test_thread_counts_agree(op, threads):
+    rng = np.random.default_rng(1)
+    case = make_case(op, spatial=(9, 7), kernel=(3, 3), in_channels=5, out_channels=7,
+                     batch=3, attrs=dict(pads_begin=1, pads_end=1))
+    # Non-integer data: the order of the sums shows in the bits.
+    case.inputs[:2] = [rng.standard_normal(x.shape).astype(np.float32) for x in case.inputs[:2]]
+    one = runtime.execute(case.op, case.inputs, case.attrs, num_threads=1)
+    many = runtime.execute(case.op, case.inputs, case.attrs, num_threads=threads)
+    np.testing.assert_array_equal(one, many)
+    np.testing.assert_allclose(one, case.expected(np.float32), rtol=1e-5, atol=1e-4)
+
+
+def test_infer_shape_matches_results():
+    for op in OP_KINDS:
+        case = make_case(op, spatial=(6, 5), kernel=(3, 2), groups=2,
+                         attrs=dict(strides=2, pads_begin=1))
+        shapes = [case.inputs[0].shape, case.inputs[1].shape]
+        if len(case.inputs) > 2:
+            shapes.append(list(case.inputs[2]))
+        assert runtime.infer_shape(op, shapes, case.attrs) == case.expected(np.float32).shape
+
+
+@st.composite
+def random_cases(draw):
+    op = draw(st.sampled_from(OP_KINDS))
+    rank = draw(st.integers(1, 3))
+    kernel = tuple(draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank)))
+    strides = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
+    dilations = draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank))
+    groups = draw(st.sampled_from([1, 2, 3]))
+    in_channels = groups * draw(st.integers(1, 3))
+    out_channels = groups * draw(st.integers(1, 3))
+    spatial = tuple(draw(st.lists(st.integers(4, 7), min_size=rank, max_size=rank)))
+    auto_pad = draw(st.sampled_from(["none", "same_upper", "same_lower", "valid"]))
+    pads = draw(st.lists(st.integers(0, 2), min_size=2 * rank, max_size=2 * rank))
+    attrs = dict(strides=strides, dilations=dilations, auto_pad=auto_pad,
+                 pads_begin=pads[:rank], pads_end=pads[rank:])
+    return dict(op=op, spatial=spatial, kernel=kernel, groups=groups,
+                in_channels=in_channels, out_channels=out_channels, attrs=attrs,
+                data_format=draw(st.sampled_from(["NXC", "NCX"])),
+                weights_format=draw(st.sampled_from(_weights_formats(op))),
+                dtype=draw(st.sampled_from(list(DTYPES))),
+                shape_mode=draw(st.sampled_from(["attribute", "input", "full"])),
+                seed=draw(st.integers(0, 1000)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_cases())
+def test_random_configurations(params):
+    try:
+        case = make_case(**params)
+        case.expected(np.float32)
+    except ValueError:
+        return  # the reference rejects this geometry (e.g. kernel larger than input)
+    run_case(case)
