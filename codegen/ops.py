@@ -8,7 +8,7 @@ the AOT command and ``infer_shape`` share it.
 from __future__ import annotations
 
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from codegen.config import KernelConfig
@@ -99,7 +99,7 @@ def _fail(op: str, what: str, value, expected: str, error=ValueError):
 
 
 def _integer(op: str, name: str, value) -> int:
-    if isinstance(value, bool) or isinstance(value, str):
+    if isinstance(value, bool | str):
         _fail(op, name, value, "an integer", TypeError)
     try:
         return operator.index(value)
@@ -108,8 +108,9 @@ def _integer(op: str, name: str, value) -> int:
 
 
 def _is_sequence(value) -> bool:
-    # Duck-typed so that tuples, lists and 1-D arrays all qualify (no numpy here).
-    return not isinstance(value, str | bytes) and hasattr(value, "__len__") \
+    # Duck-typed so that tuples, lists and 1-D arrays all qualify (no numpy here);
+    # dicts and sets iterate too, but have no order of axes.
+    return not isinstance(value, str | bytes | Mapping | Set) and hasattr(value, "__len__") \
         and hasattr(value, "__iter__")
 
 
@@ -171,7 +172,7 @@ class _Attrs:
 
 def _normalize(spec: OpSpec, attrs: Mapping, rank: int) -> _Attrs:
     op = spec.kind
-    unknown = sorted(set(attrs) - set(spec.attributes))
+    unknown = sorted(set(attrs) - set(spec.attributes), key=repr)
     if unknown:
         _fail(op, "attribute", unknown[0], f"one of {list(spec.attributes)}")
     auto_pad = attrs.get("auto_pad", "none")
@@ -253,7 +254,7 @@ def _shape_value(op: str, name: str, value, rank: int) -> list[int]:
     if len(values) not in (rank, rank + 2):
         _fail(op, name, value, f"{rank} spatial sizes or a full shape of {rank + 2}")
     if any(v < 0 or v > MAX_EXTENT for v in values):
-        _fail(op, name, value, "non-negative sizes")
+        _fail(op, name, value, f"sizes in [0, {MAX_EXTENT}]")
     return values
 
 
@@ -292,14 +293,14 @@ def _pads_for_input(attrs: _Attrs, size: Sequence[int], kernel: Sequence[int]):
 
 
 def _check_dst(op: str, name: str, dst: Sequence[int], src: Sequence[int], kernel, attrs,
-               pb, pe) -> None:
+               pb, pe, source: str) -> None:
     expected = tuple(
         conv_output_size(y, _extent(k, d), s, b, e)
         for y, k, s, d, b, e in zip(src, kernel, attrs.strides, attrs.dilations, pb, pe,
                                     strict=True))
     if tuple(dst) != expected:
         _fail(op, f"{name} spatial shape", tuple(dst),
-              f"{expected} from the other input, kernel, strides, dilations and pads")
+              f"{expected} from {source}, strides, dilations and pads")
 
 
 def _bwd_data_spatial(spec: OpSpec, attrs: _Attrs, dst: Sequence[int], kernel, shape):
@@ -327,7 +328,8 @@ def _bwd_data_spatial(spec: OpSpec, attrs: _Attrs, dst: Sequence[int], kernel, s
     else:  # ConvolutionBackwardData
         if shape is not None:
             pb, pe = _pads_for_input(attrs, shape, kernel)
-            _check_dst(spec.kind, spec.inputs[0], dst, shape, kernel, attrs, pb, pe)
+            _check_dst(spec.kind, spec.inputs[0], dst, shape, kernel, attrs, pb, pe,
+                       f"{spec.shape_name} and the {spec.inputs[1]} kernel")
             return tuple(shape), pb, pe
         if attrs.auto_pad in ("same_upper", "same_lower"):
             size = tuple(x * s for x, s in zip(dst, attrs.strides, strict=True))
@@ -375,6 +377,9 @@ def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,
     op = spec.kind
     first, second = (tuple(_int_list(op, f"{n} shape", s)) for n, s in
                      zip(spec.inputs, shapes, strict=True))
+    for name, shape in zip(spec.inputs, (first, second), strict=True):
+        if any(v < 0 for v in shape):
+            _fail(op, f"{name} shape", shape, "non-negative sizes")
     if len(first) not in (3, 4, 5):
         _fail(op, f"{spec.inputs[0]} rank", len(first), "3, 4 or 5 (1 to 3 spatial axes)")
     rank = len(first) - 2
@@ -430,7 +435,9 @@ def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,
         kernel = _kernel_from_shape(spec, layout, shape, cout, cin // g)
         pb, pe = _pads_for_input(a, src, kernel)
         dst_name = spec.inputs[0] if swap else spec.inputs[1]
-        _check_dst(op, dst_name, dst, src, kernel, a, pb, pe)
+        src_name = spec.inputs[1] if swap else spec.inputs[0]
+        _check_dst(op, dst_name, dst, src, kernel, a, pb, pe,
+                   f"{src_name} and the {spec.shape_name} kernel")
         cin_g, cout_g = cin // g, cout // g
         out = layout.join_weights(cout, cin_g, kernel)
 

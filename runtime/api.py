@@ -15,6 +15,7 @@ from runtime.kernels import STATUS, ffi, get_kernel
 
 DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16",
           np.dtype(ml_dtypes.bfloat16): "bf16"}
+DTYPE_BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
 
 _num_threads = 0  # 0: OpenMP's default (OMP_NUM_THREADS, else every core)
 
@@ -22,7 +23,9 @@ _num_threads = 0  # 0: OpenMP's default (OMP_NUM_THREADS, else every core)
 def set_num_threads(count: int | None) -> None:
     """Threads every kernel call uses unless the call says otherwise (None: default)."""
     global _num_threads
-    if count is not None and (not isinstance(count, int) or count < 1):
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+        raise TypeError(f"num_threads = {count!r} is invalid; expected a positive integer")
+    if count is not None and count < 1:
         raise ValueError(f"num_threads = {count!r} is invalid; expected a positive integer")
     _num_threads = count or 0
 
@@ -75,6 +78,13 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
         raise ValueError(f"execute: op_kind = {op_kind!r} is invalid; expected one of "
                          f"{list(OPS)}")
     op = spec.kind
+    if num_threads is not None:
+        if isinstance(num_threads, bool) or not isinstance(num_threads, int):
+            raise TypeError(f"{op}: num_threads = {num_threads!r} is invalid; expected a "
+                            "positive integer")
+        if num_threads < 1:
+            raise ValueError(f"{op}: num_threads = {num_threads!r} is invalid; expected a "
+                             "positive integer")
     limit = 3 if spec.shape_name else 2
     if not 2 <= len(inputs) <= limit:
         raise ValueError(f"{op}: {len(inputs)} inputs given; expected {spec.inputs} "
@@ -91,9 +101,6 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
         out = _check_out(op, out, problem, a.dtype, (a, b))
     if out.size == 0:  # batch 0 of a data op
         return out
-    if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
-        raise ValueError(f"{op}: num_threads = {num_threads!r} is invalid; expected a "
-                         "positive integer")
     kernel = get_kernel(problem.config.with_isa(selected_isa()))
     first, second = (b, a) if problem.swap_inputs else (a, b)
     rank = problem.config.rank
@@ -130,10 +137,19 @@ def infer_shape(op_kind: str, input_shapes: Sequence, attrs: Mapping | None = No
     if not isinstance(op_kind, str) or op_kind not in OPS:
         raise ValueError(f"infer_shape: op_kind = {op_kind!r} is invalid; expected one of "
                          f"{list(OPS)}")
+    spec = OPS[op_kind]
+    if attrs is not None and not isinstance(attrs, Mapping):
+        raise TypeError(f"{op_kind}: attrs is a {type(attrs).__name__}; expected a dict")
+    if not isinstance(input_shapes, Sequence | np.ndarray) or isinstance(input_shapes, str):
+        raise TypeError(f"{op_kind}: input_shapes is a {type(input_shapes).__name__}; "
+                        "expected a list of shapes")
     shapes = list(input_shapes)
-    if len(shapes) not in (2, 3):
-        raise ValueError(f"infer_shape: {len(shapes)} input shapes given; expected 2 (or 3 "
-                         "with the shape input)")
+    limit = 3 if spec.shape_name else 2
+    if not 2 <= len(shapes) <= limit:
+        raise ValueError(f"{op_kind}: {len(shapes)} input shapes given; expected the shapes "
+                         f"of {spec.inputs}"
+                         + (f" and optionally the {spec.shape_name} input" if spec.shape_name
+                            else ""))
     shape_input = shapes[2] if len(shapes) == 3 else None
     return resolve(op_kind, shapes[:2], attrs or {}, shape_input).output_shape
 
@@ -162,7 +178,10 @@ def _op_function(kind: str):
     signature = inspect.Signature(parameters)
 
     def function(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as error:  # an unknown keyword, a missing or extra input
+            raise TypeError(f"{kind}: {error}") from None
         values = bound.arguments
         inputs = [values[name] for name in spec.inputs]
         shape_input = values.get(f"{spec.shape_name}_input") if spec.shape_name else None

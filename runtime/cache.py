@@ -56,23 +56,33 @@ def _locked(path: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _publish(data_path: Path, target: Path) -> None:
-    os.replace(data_path, target)
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def library_path(config: KernelConfig) -> Path:
     return cache_dir() / f"{config.name}-{cache_key(config)[:16]}.so"
 
 
-def build(config: KernelConfig, *, rebuild: bool = False) -> Path:
-    """Path of the kernel's shared library, compiling it if it is not cached yet."""
+def is_valid(library: Path) -> bool:
+    """Whether a cached library is complete: its digest, recorded after the library
+    was published, matches. A truncated or foreign file would crash dlopen."""
+    try:
+        record = json.loads(library.with_suffix(".json").read_text())
+        return record["sha256"] == file_digest(library)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def build(config: KernelConfig) -> Path:
+    """Path of the kernel's shared library, compiling it if the cache has no valid one."""
     target = library_path(config)
-    if target.exists() and not rebuild:
-        log.debug("%s: loaded from cache %s", config.name, target)
+    if is_valid(target):
+        log.debug("%s: found in cache %s", config.name, target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with _locked(target.with_suffix(".lock")):
-        if target.exists() and not rebuild:  # another process built it meanwhile
+        if is_valid(target):  # another process built it meanwhile
             return target
         started = time.perf_counter()
         source = render(config)
@@ -81,8 +91,13 @@ def build(config: KernelConfig, *, rebuild: bool = False) -> Path:
             c_file.write_text(source)
             built = Path(tmp) / "kernel.so"
             compile_objects([c_file], built, config.isa)
-            _publish(c_file, target.with_suffix(".c"))  # kept for debugging
-            _publish(built, target)
+            record = Path(tmp) / "record.json"
+            record.write_text(json.dumps({"sha256": file_digest(built),
+                                          "config": config.to_dict(),
+                                          "generator": generator_version()}))
+            os.replace(c_file, target.with_suffix(".c"))  # kept for debugging
+            os.replace(built, target)
+            os.replace(record, target.with_suffix(".json"))  # last: marks the entry complete
         log.info("%s: compiled in %.2f s -> %s", config.name, time.perf_counter() - started,
                  target)
     return target

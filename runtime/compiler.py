@@ -12,6 +12,10 @@ from pathlib import Path
 from codegen.plan import ISA_FLAGS
 
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-fopenmp", "-fno-math-errno")
+# nodelete: a kernel library (and the OpenMP runtime it pulls in) is never unloaded.
+# cffi dlcloses libraries when they are collected, at the latest at interpreter exit,
+# and unloading libgomp under its idle worker threads crashes the process.
+LINK_FLAGS = ("-shared", "-Wl,-z,nodelete")
 
 
 class CompilerNotFoundError(RuntimeError):
@@ -28,9 +32,9 @@ def compiler_command() -> list[str]:
 
 
 def compile_flags(isa: str) -> tuple[str, ...]:
-    """Every flag a kernel is compiled with (CONVGRAD_CFLAGS adds more)."""
+    """Every flag a kernel is compiled and linked with (CONVGRAD_CFLAGS adds more)."""
     extra = tuple(shlex.split(os.environ.get("CONVGRAD_CFLAGS", "")))
-    return BASE_FLAGS + ISA_FLAGS[isa] + extra
+    return BASE_FLAGS + ISA_FLAGS[isa] + extra + LINK_FLAGS
 
 
 @cache
@@ -55,10 +59,20 @@ def compiler_identity() -> str:
 
 def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = True) -> None:
     """Compiles C sources into a shared library (or, with shared=False, one object)."""
+    flags = compile_flags(isa)
+    if not shared:
+        flags = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
+    _run([*compiler_command(), *flags, "-o", str(output), *map(str, sources)], sources)
+
+
+def link_shared(objects: list[Path], output: Path, isa: str) -> None:
+    """Links compiled objects into one shared library."""
+    _run([*compiler_command(), *compile_flags(isa), "-o", str(output),
+          *map(str, objects)], objects)
+
+
+def _run(command: list[str], sources: list[Path]) -> None:
     compiler_identity()  # a clear error if there is no compiler
-    kind = ["-shared"] if shared else ["-c"]
-    command = [*compiler_command(), *compile_flags(isa), *kind, "-o", str(output),
-               *map(str, sources)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise CompileError(

@@ -13,6 +13,7 @@ import cffi
 
 from codegen import KernelConfig, generator_version
 from runtime import cache
+from runtime.cache import file_digest
 from runtime.cpu import available_isas
 
 log = logging.getLogger("convgrad")
@@ -85,6 +86,10 @@ def _read_manifests() -> dict[KernelConfig, Path]:
                             data.get("generator_version"), generator_version())
                 continue
             library = folder / data["library"]
+            if file_digest(library) != data["library_sha256"]:
+                log.warning("ignoring %s: %s does not match its recorded digest", manifest,
+                            library)
+                continue
             for entry in data["kernels"]:
                 index.setdefault(KernelConfig.from_dict(entry["config"]), library)
         except (OSError, ValueError, KeyError, TypeError) as error:
@@ -128,21 +133,9 @@ def _load(config: KernelConfig) -> Kernel:
     for isa in isas[isas.index(config.isa):] if config.isa in isas else [config.isa]:
         library = _aot_library(config.with_isa(isa))
         if library is not None:
-            try:
-                function = _bind(config.with_isa(isa), library)
-            except (OSError, AttributeError) as error:
-                log.warning("AOT library %s unusable: %s", library, error)
-                continue
+            function = _bind(config.with_isa(isa), library)
             log.debug("%s: ahead-of-time kernel from %s", config.name, library)
             return Kernel(config.with_isa(isa), function, "aot", library)
-    fresh = not cache.library_path(config).exists()
+    fresh = not cache.is_valid(cache.library_path(config))
     path = cache.build(config)
-    try:
-        function = _bind(config, path)
-    except (OSError, AttributeError) as error:  # truncated or foreign file: rebuild once
-        log.warning("cached kernel %s unusable (%s); rebuilding", path, error)
-        path.unlink(missing_ok=True)
-        path = cache.build(config, rebuild=True)
-        function = _bind(config, path)
-        fresh = True
-    return Kernel(config, function, "compiled" if fresh else "cache", path)
+    return Kernel(config, _bind(config, path), "compiled" if fresh else "cache", path)

@@ -81,6 +81,7 @@ def make_case(op, *, spatial, kernel, in_channels=4, out_channels=6, batch=2, gr
         second = _integers(rng, _weights_shape(oc, ic // groups, kernel, wfmt), np_dtype)
         if shape_mode != "absent":
             no_shape = {k: v for k, v in attrs.items() if k != SHAPE_NAMES[op]}
+            no_shape["groups"] = groups
             full = reference_shape(op, [first.shape, second.shape], no_shape)
             spatial_out = full[1:-1] if data_format == "NXC" else full[2:]
             shape_value = list(full) if shape_mode.startswith("full") else list(spatial_out)

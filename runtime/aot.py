@@ -1,0 +1,242 @@
+"""Ahead-of-time generation: layer lists in, a folder of C sources, one shared
+library, a header and a manifest out. The runtime uses that folder's kernels
+(CONVGRAD_AOT_PATH, default the repository's generated/) without a compiler.
+
+    python -m runtime.aot [LAYER_FILES...] [-o DIR] [--ops ...] [--check]
+
+With no layer file it builds ResNet-50's backward-data and backward-weights
+layers (oneDNN benchdnn's shapes_resnet_50).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from codegen import OPS, KernelConfig, generator_version, render
+from codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
+from codegen.render import render_header
+from runtime import api, kernels
+from runtime.cache import file_digest
+from runtime.compiler import compile_flags, compile_objects, compiler_identity, link_shared
+from runtime.cpu import available_isas, selected_isa
+
+LIBRARY = "libconvgrad_kernels.so"
+HEADER = "convgrad_kernels.h"
+DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "generated"
+BUILTIN_SHAPES = "shapes_resnet_50"
+
+
+@dataclass
+class BuildResult:
+    output: Path
+    configs: dict[KernelConfig, list[Layer]]
+    compile_seconds: dict[KernelConfig, float]
+    seconds: float
+
+
+def read_layers(paths: list[Path], *, ops=DEFAULT_OPS, dtype="f32", data_format="NXC",
+                weights_format=None, batch=None) -> list[Layer]:
+    """Layers of JSON files (*.json) and benchdnn descriptor files (anything else);
+    the built-in ResNet-50 list when `paths` is empty."""
+    texts = [(p.name, p.read_text()) for p in paths if p.suffix != ".json"]
+    layers = [layer for p in paths if p.suffix == ".json" for layer in load_json(p)]
+    if not paths:
+        source = resources.files("codegen") / "data" / BUILTIN_SHAPES
+        texts = [(BUILTIN_SHAPES, source.read_text())]
+    for _, text in texts:
+        for conv in parse_benchdnn(text):
+            layers += conv_layers(conv, ops, batch=batch, dtype=dtype, data_format=data_format,
+                                  weights_format=weights_format)
+    return layers
+
+
+def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
+          progress=None) -> BuildResult:
+    """Renders, compiles and links the kernels of `layers` into `output`.
+
+    The folder is written fully before its manifest, which is replaced
+    atomically, so a reader never sees a manifest naming missing kernels."""
+    started = time.perf_counter()
+    configs: dict[KernelConfig, list[Layer]] = {}
+    for layer in layers:
+        config = layer.resolve().config.with_isa(isa)
+        configs.setdefault(config, []).append(layer)
+    output.mkdir(parents=True, exist_ok=True)
+    sources = output / "src"
+    sources.mkdir(exist_ok=True)
+    seconds: dict[KernelConfig, float] = {}
+    with tempfile.TemporaryDirectory(prefix="convgrad-aot-") as tmp:
+        def compile_one(config: KernelConfig) -> Path:
+            begin = time.perf_counter()
+            c_file = sources / f"{config.name}.c"
+            c_file.write_text(render(config))
+            obj = Path(tmp) / f"{config.name}.o"
+            compile_objects([c_file], obj, isa, shared=False)
+            seconds[config] = time.perf_counter() - begin
+            if progress:
+                progress(len(seconds), len(configs), config.name)
+            return obj
+
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            objects = list(pool.map(compile_one, configs))
+        library = Path(tmp) / LIBRARY
+        link_shared(objects, library, isa)
+        os.replace(shutil.copy(library, output / f".{LIBRARY}.tmp"), output / LIBRARY)
+    (output / HEADER).write_text(render_header(list(configs)))
+    manifest = {
+        "generator_version": generator_version(),
+        "isa": isa,
+        "compiler": compiler_identity(),
+        "flags": list(compile_flags(isa)),
+        "library": LIBRARY,
+        "library_sha256": file_digest(output / LIBRARY),
+        "header": HEADER,
+        "kernels": [
+            {"name": c.name, "config": c.to_dict(), "source": f"src/{c.name}.c",
+             "layers": [{"op": layer.op, "name": layer.name} for layer in users]}
+            for c, users in configs.items()
+        ],
+    }
+    temporary = output / ".manifest.json.tmp"
+    temporary.write_text(json.dumps(manifest, indent=1))
+    os.replace(temporary, output / "manifest.json")
+    return BuildResult(output, configs, seconds, time.perf_counter() - started)
+
+
+def _load_reference():
+    """The independent numpy oracle of the test suite (needs a source checkout)."""
+    path = Path(__file__).resolve().parent.parent / "tests" / "reference.py"
+    if not path.is_file():
+        raise SystemExit("--check needs tests/reference.py from a convgrad source checkout")
+    spec = importlib.util.spec_from_file_location("convgrad_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.reference
+
+
+def _with_batch(shape: tuple, batch: int) -> tuple:
+    return (batch, *shape[1:])
+
+
+def check_layer(layer: Layer, reference, rng) -> dict:
+    """Runs a layer at batch 1 on integer data and compares with the oracle bit for bit."""
+    dtype = api.DTYPE_BY_NAME[layer.dtype]
+    data_inputs = 2 if OPS[layer.op].family == "bwd_weights" else 1  # the rest are weights
+    shapes = [_with_batch(s, 1) if i < data_inputs else s for i, s in enumerate(layer.inputs[:2])]
+    arrays = [rng.integers(-2, 3, size=s).astype(np.float32).astype(dtype) for s in shapes]
+    inputs = arrays + [np.array(v) for v in layer.inputs[2:]]
+    full_data_shape = len(layer.inputs) > 2 and len(layer.inputs[2]) == len(layer.inputs[0])
+    if OPS[layer.op].family == "bwd_data" and full_data_shape:
+        inputs[2] = np.array(_with_batch(layer.inputs[2], 1))
+    problem = layer.resolve()
+    kernel = kernels.get_kernel(problem.config.with_isa(selected_isa()))
+    begin = time.perf_counter()
+    result = api.execute(layer.op, inputs, layer.attrs)
+    elapsed = time.perf_counter() - begin
+    expected = reference(layer.op, inputs, layer.attrs).astype(np.float32).astype(dtype)
+    return {"exact": bool(np.array_equal(result, expected)), "origin": kernel.origin,
+            "ms": elapsed * 1e3, "gflops": _flops(problem) / problem.batch / elapsed / 1e9}
+
+
+def _flops(problem) -> int:
+    """2 x multiply-adds of the op, at the problem's batch (taps that hit padding count)."""
+    c = problem.config
+    count = 2 * problem.batch * c.groups * c.cin_per_group * c.cout_per_group
+    for x, k in zip(problem.dst_spatial, c.kernel, strict=True):
+        count *= x * k
+    return count
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))
+             for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.aot", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("layers", nargs="*", type=Path,
+                        help="layer files: *.json or benchdnn descriptor files "
+                             "(default: the built-in ResNet-50 list)")
+    parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
+                        help=f"output folder (default: {DEFAULT_OUTPUT})")
+    parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
+                        help="comma-separated op kinds generated for benchdnn shapes")
+    parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
+    parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
+    parser.add_argument("--weights-format", default=None,
+                        choices=["OIX", "XIO"], help="(ConvTranspose ops use IOX/XOI)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="batch of benchdnn layers (default: the file's mb)")
+    parser.add_argument("--isa", default=None, choices=["avx512", "avx2", "portable"],
+                        help="target ISA (default: the best this machine runs)")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--check", action="store_true",
+                        help="run every layer at batch 1 through the runtime, using the built "
+                             "library, and compare with the numpy reference bit for bit")
+    args = parser.parse_args(argv)
+
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        parser.error(f"unknown op kind(s) {unknown}; expected {list(OPS)}")
+    isa = args.isa or available_isas()[0]
+    try:
+        layers = read_layers(args.layers, ops=ops, dtype=args.dtype,
+                             data_format=args.data_format, weights_format=args.weights_format,
+                             batch=args.batch)
+    except (OSError, ValueError, TypeError) as error:
+        parser.error(str(error))
+
+    def progress(done: int, total: int, name: str) -> None:
+        if sys.stderr.isatty():  # a bar redrawn in place
+            filled = 30 * done // total
+            print(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {name[:70]:70}",
+                  end="" if done < total else "\n", file=sys.stderr, flush=True)
+        elif done == total or done % max(1, total // 10) == 0:  # a line per ~10%
+            print(f"compiled {done}/{total} kernels", file=sys.stderr, flush=True)
+
+    print(f"convgrad {generator_version()}: {len(layers)} layers, isa {isa}, "
+          f"{args.jobs} jobs -> {args.output}", file=sys.stderr)
+    result = build(layers, args.output, isa=isa, jobs=args.jobs, progress=progress)
+    print(f"built {len(result.configs)} kernels into {args.output / LIBRARY} in "
+          f"{result.seconds:.1f} s", file=sys.stderr)
+
+    if not args.check:
+        return 0
+    os.environ["CONVGRAD_AOT_PATH"] = str(args.output)
+    kernels.reset()
+    reference = _load_reference()
+    rng = np.random.default_rng(0)
+    rows, failures = [], 0
+    for config, users in result.configs.items():
+        for layer in users:
+            outcome = check_layer(layer, reference, rng)
+            failures += not (outcome["exact"] and outcome["origin"] == "aot")
+            rows.append([layer.name, layer.op, f"{result.compile_seconds[config]:.2f}",
+                         outcome["origin"], "exact" if outcome["exact"] else "MISMATCH",
+                         f"{outcome['ms']:.2f}", f"{outcome['gflops']:.1f}"])
+    print(_table(rows, ["layer", "op", "compile s", "kernel from", "vs reference",
+                        "ms (mb=1)", "GFLOP/s"]))
+    print(f"{len(rows) - failures} of {len(rows)} layers exact and served by the AOT library")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The compile / cache / load pipeline and the ahead-of-time command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from cases import make_case
+from test_ops import assert_exact
+
+import runtime
+from codegen import render
+from runtime import aot, cache, kernels
+from runtime.cpu import selected_isa
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    kernels.reset()
+    yield tmp_path / "cache"
+    kernels.reset()
+
+
+def _case(seed=0):
+    return make_case("ConvolutionBackwardData", spatial=(5, 4), kernel=(3, 3),
+                     in_channels=3, out_channels=5, attrs=dict(strides=2, pads_begin=1),
+                     seed=seed)
+
+
+def _kernel_for(case):
+    shapes = [x.shape for x in case.inputs[:2]]
+    problem = runtime.api.resolve(case.op, shapes, case.attrs, case.inputs[2:] and
+                                  case.inputs[2].tolist() or None)
+    return kernels.get_kernel(problem.config.with_isa(selected_isa()))
+
+
+def test_first_call_compiles_then_memory_then_disk(fresh_cache, monkeypatch):
+    case = _case()
+    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    kernel = _kernel_for(case)
+    assert kernel.origin == "compiled"
+    assert kernel.path.parent == fresh_cache and kernel.path.exists()
+    assert kernel.path.with_suffix(".c").read_text() == render(kernel.config)
+
+    # Same process: no rendering, no compiling.
+    def forbidden(*args, **kwargs):
+        raise AssertionError("must not render or compile again")
+
+    monkeypatch.setattr(cache, "render", forbidden)
+    monkeypatch.setattr(cache, "compile_objects", forbidden)
+    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    # After forgetting loaded kernels: loaded from disk, still no compiling.
+    kernels.reset()
+    assert _kernel_for(case).origin == "cache"
+    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+
+
+def _write_compiler_spy(folder: Path) -> Path:
+    """A CC that logs every invocation, then runs the real compiler."""
+    spy = folder / "cc-spy"
+    log = folder / "cc.log"
+    spy.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\nexec cc \"$@\"\n")
+    spy.chmod(0o755)
+    return spy
+
+
+def test_new_process_loads_from_disk_without_compiling(fresh_cache, tmp_path):
+    spy = _write_compiler_spy(tmp_path)
+    script = textwrap.dedent("""
+        import numpy as np, runtime
+        from runtime import kernels
+        dd = np.ones((1, 4, 4, 2), np.float32); w = np.ones((3, 3, 2, 2), np.float32)
+        runtime.convolution_backward_data(dd, w, strides=2)
+        print(next(iter(kernels._loaded.values())).origin)
+    """)
+    env = {**os.environ, "CONVGRAD_CACHE_DIR": str(fresh_cache), "CC": str(spy)}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, cwd=ROOT) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], [r.stderr for r in runs]
+    assert [r.stdout.strip() for r in runs] == ["compiled", "cache"]
+    calls = (tmp_path / "cc.log").read_text().splitlines()
+    compiles = [c for c in calls if c.strip() != "--version"]
+    assert len(compiles) == 1, calls
+
+
+def test_processes_exit_cleanly_after_parallel_kernels(tmp_path):
+    """Unloading OpenMP under its idle worker threads at exit once crashed the process."""
+    script = ("import numpy as np, runtime\n"
+              "runtime.convolution_backward_weights(np.ones((2, 6, 6, 4), np.float32), "
+              "np.ones((2, 4, 4, 4), np.float32), weights_shape=[3, 3], num_threads=2)\n")
+    for _ in range(6):
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, cwd=ROOT)
+        assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("damage", ["foreign", "truncated"])
+def test_corrupted_cache_entry_is_rebuilt(fresh_cache, damage):
+    case = _case(seed=4)
+    shapes = [x.shape for x in case.inputs[:2]]
+    config = runtime.api.resolve(case.op, shapes, case.attrs).config.with_isa(selected_isa())
+    path = cache.build(config)  # built, never loaded by this process
+    if damage == "foreign":
+        path.write_bytes(b"not a shared library")
+    else:
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    assert _kernel_for(case).origin == "compiled"
+
+
+def test_missing_compiler_gives_clear_error(fresh_cache, monkeypatch):
+    monkeypatch.setenv("CC", "/nonexistent/convgrad-cc")
+    from runtime import compiler
+    compiler._identity.cache_clear()
+    case = _case(seed=1)
+    with pytest.raises(compiler.CompilerNotFoundError, match="not found"):
+        runtime.execute(case.op, case.inputs, case.attrs)
+    compiler._identity.cache_clear()
+
+
+def test_compile_error_shows_compiler_output(fresh_cache, monkeypatch):
+    monkeypatch.setenv("CONVGRAD_CFLAGS", "-DCONVGRAD_BROKEN -include /nonexistent/header.h")
+    from runtime import compiler
+    case = _case(seed=2)
+    with pytest.raises(compiler.CompileError, match="header.h"):
+        runtime.execute(case.op, case.inputs, case.attrs)
+
+
+LAYERS = [
+    {"op": "ConvolutionBackpropData", "inputs": [[2, 6, 5, 8], [3, 3, 4, 8]],
+     "attrs": {"strides": 2, "pads_begin": 1, "pads_end": 1, "output_padding": 1},
+     "name": "upsample"},
+    {"op": "ConvTransposeBackwardWeights", "inputs": [[2, 3, 6, 5], [2, 4, 11, 9], [3, 3]],
+     "attrs": {"strides": 2, "pads_begin": 1, "pads_end": 1, "data_format": "NCX",
+               "weights_format": "IOX"}, "dtype": "bf16", "name": "ct-weights"},
+]
+
+
+def test_aot_build_runs_without_a_compiler(tmp_path):
+    layer_file = tmp_path / "layers.json"
+    layer_file.write_text(json.dumps(LAYERS))
+    out = tmp_path / "aot"
+    subprocess.run([sys.executable, "-m", "runtime.aot", str(layer_file), "-o", str(out),
+                    "-j", "2"], check=True, cwd=ROOT, capture_output=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["kernels"]) == 2
+    assert (out / aot.LIBRARY).exists() and (out / aot.HEADER).exists()
+    for entry in manifest["kernels"]:
+        assert (out / entry["source"]).exists()
+        assert entry["name"] in (out / aot.HEADER).read_text()
+
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(ROOT / "tests")!r})
+        import numpy as np, runtime
+        from runtime import kernels
+        from reference import reference
+        import ml_dtypes
+        rng = np.random.default_rng(0)
+        for layer in json.load(open({str(layer_file)!r})):
+            dtype = {{"bf16": ml_dtypes.bfloat16}}.get(layer.get("dtype"), np.float32)
+            inputs = [rng.integers(-2, 3, s).astype(dtype) for s in layer["inputs"][:2]]
+            inputs += layer["inputs"][2:]
+            got = runtime.execute(layer["op"], inputs, layer["attrs"])
+            want = reference(layer["op"], inputs, layer["attrs"]).astype(dtype)
+            assert np.array_equal(got, want), layer["name"]
+        print(sorted({{k.origin for k in kernels._loaded.values()}}))
+    """)
+    env = {**os.environ, "CONVGRAD_AOT_PATH": str(out), "CC": "/nonexistent/cc",
+           "CONVGRAD_CACHE_DIR": str(tmp_path / "empty-cache")}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['aot']"
+
+
+def test_aot_main_job_checks_resnet_layers(tmp_path):
+    """The README's main command on a subset: builds, checks bit for bit, prints a table."""
+    shapes = tmp_path / "shapes"
+    shapes.write_text('mb2ic16ih9oc8oh9kh3ph1n"tiny:3x3"\n'
+                      'g1mb2ic8ih10iw10oc16oh5ow5kh1kw1sh2sw2ph0pw0n"tiny:1x1s2"\n')
+    result = subprocess.run([sys.executable, "-m", "runtime.aot", str(shapes), "-o",
+                             str(tmp_path / "out"), "--check"], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    assert "4 of 4 layers exact and served by the AOT library" in result.stdout
+    assert result.stdout.count("exact") >= 4
