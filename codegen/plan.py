@@ -7,6 +7,7 @@ one), its compiler flags, and the per-configuration choices such as unrolling.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from math import prod
 
 from codegen.config import ISAS, KernelConfig
 
@@ -32,6 +33,14 @@ FAMILY_DOCS = {
                    "and ConvTransposeBackwardWeights",
 }
 
+# f32 lanes of a vector, and how many accumulator vectors a tile may keep in
+# registers (32 zmm / 16 ymm or xmm, less the weight vectors and a broadcast).
+VECTOR_LANES = {"avx512": 16, "avx2": 8, "portable": 4}
+ACCUMULATORS = {"avx512": 27, "avx2": 12, "portable": 12}
+MAX_VECTOR_BLOCK = {"avx512": 4, "avx2": 3, "portable": 3}
+MAX_TILE_ROWS = 14
+WEIGHT_CHUNK_BYTES = 256 * 1024
+
 # Tap loops longer than this stay loops instead of being unrolled.
 MAX_UNROLLED_TAPS = 16
 
@@ -44,6 +53,25 @@ def runnable_isas(cpu_features: Iterable[str]) -> list[str]:
 
 def best_isa(cpu_features: Iterable[str]) -> str:
     return runnable_isas(cpu_features)[0]
+
+
+def direct_tiles(config: KernelConfig) -> dict:
+    """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
+    pixels x vectors of the vectorised channels per tile."""
+    lanes = VECTOR_LANES[config.isa]
+    channels = config.cin_per_group if config.family == "bwd_data" else config.cout_per_group
+    vectors = -(-channels // lanes)
+    block = min(vectors, MAX_VECTOR_BLOCK[config.isa])
+    last = vectors - (-(-vectors // block) - 1) * block
+    rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block))
+    # Every tile height is instantiated, so a row's remainder is one smaller tile.
+    tiles = list(dict.fromkeys((r, v) for v in (block, last) for r in range(rows, 0, -1)))
+    # Reduced channels per pass: that chunk's weights for every tap stay in L2.
+    reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
+    taps = prod(config.kernel)
+    chunk = max(16, WEIGHT_CHUNK_BYTES // (taps * block * lanes * 4))
+    return {"tile_rows": rows, "vec_block": block, "vec_last": last, "tiles": tiles,
+            "reduce_chunk": min(reduced, chunk)}
 
 
 def render_context(config: KernelConfig, generator_version: str) -> dict:
@@ -70,4 +98,7 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         "pack_data": config.dtype != "f32" or config.data_format != "NXC",
         "unroll_taps": f"#pragma GCC unroll {kernel_w}" if 1 < kernel_w <= MAX_UNROLLED_TAPS
         else "",
+        "isa": config.isa,
+        "vl": VECTOR_LANES[config.isa],
+        **(direct_tiles(config) if config.family != "bwd_weights" else {}),
     }
