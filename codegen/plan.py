@@ -74,6 +74,19 @@ def direct_tiles(config: KernelConfig) -> dict:
             "reduce_chunk": min(reduced, chunk)}
 
 
+def weight_tiles(config: KernelConfig) -> dict:
+    """Register blocking of the weight-gradient tiles: input channels x vectors of
+    output channels of one tap."""
+    lanes = VECTOR_LANES[config.isa]
+    vectors = -(-config.cout_per_group // lanes)
+    block = min(vectors, MAX_VECTOR_BLOCK[config.isa])
+    last = vectors - (-(-vectors // block) - 1) * block
+    rows = max(1, min(config.cin_per_group, ACCUMULATORS[config.isa] // block))
+    rows_last = config.cin_per_group - (-(-config.cin_per_group // rows) - 1) * rows
+    tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
+    return {"tile_rows": rows, "vec_block": block, "tiles": tiles}
+
+
 def render_context(config: KernelConfig, generator_version: str) -> dict:
     """Everything kernel.c.j2 reads, derived from the configuration."""
     pad = 3 - config.rank
@@ -100,5 +113,5 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         else "",
         "isa": config.isa,
         "vl": VECTOR_LANES[config.isa],
-        **(direct_tiles(config) if config.family != "bwd_weights" else {}),
+        **(weight_tiles(config) if config.family == "bwd_weights" else direct_tiles(config)),
     }
