@@ -43,21 +43,24 @@ class Kernel:
 
     config: KernelConfig
     function: object
+    workspace_size: object  # bytes of scratch a call needs, from its convgrad_dims
     origin: str  # "aot", "cache" or "compiled"
     path: Path
 
 
-def _bind(config: KernelConfig, path: Path) -> object:
+def _bind(config: KernelConfig, path: Path) -> tuple[object, object]:
     with _lock:
         if config.name not in _declared:
             ffi.cdef(f"int {config.name}(const void *, const void *, void *, "
-                     "const convgrad_dims *);")
+                     f"const convgrad_dims *, void *);\n"
+                     f"int64_t {config.name}_workspace_size(const convgrad_dims *);")
             _declared.add(config.name)
         library = _libraries.get(path)
         if library is None:
             library = ffi.dlopen(str(path))
             _libraries[path] = library
-        return getattr(library, config.name)
+        return (getattr(library, config.name),
+                getattr(library, f"{config.name}_workspace_size"))
 
 
 def aot_search_path() -> list[Path]:
@@ -133,9 +136,9 @@ def _load(config: KernelConfig) -> Kernel:
     for isa in isas[isas.index(config.isa):] if config.isa in isas else [config.isa]:
         library = _aot_library(config.with_isa(isa))
         if library is not None:
-            function = _bind(config.with_isa(isa), library)
+            functions = _bind(config.with_isa(isa), library)
             log.debug("%s: ahead-of-time kernel from %s", config.name, library)
-            return Kernel(config.with_isa(isa), function, "aot", library)
+            return Kernel(config.with_isa(isa), *functions, "aot", library)
     fresh = not cache.is_valid(cache.library_path(config))
     path = cache.build(config)
-    return Kernel(config, _bind(config, path), "compiled" if fresh else "cache", path)
+    return Kernel(config, *_bind(config, path), "compiled" if fresh else "cache", path)
