@@ -55,11 +55,21 @@ def best_isa(cpu_features: Iterable[str]) -> str:
     return runnable_isas(cpu_features)[0]
 
 
+def is_depthwise(config: KernelConfig) -> bool:
+    """One input and one output channel per group: tiles vectorise across groups."""
+    return config.groups > 1 and config.cin_per_group == config.cout_per_group == 1
+
+
 def direct_tiles(config: KernelConfig) -> dict:
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
     lanes = VECTOR_LANES[config.isa]
-    channels = config.cin_per_group if config.family == "bwd_data" else config.cout_per_group
+    if is_depthwise(config):
+        channels = config.groups
+    elif config.family == "bwd_data":
+        channels = config.cin_per_group
+    else:
+        channels = config.cout_per_group
     vectors = -(-channels // lanes)
     block = min(vectors, MAX_VECTOR_BLOCK[config.isa])
     last = vectors - (-(-vectors // block) - 1) * block
@@ -85,6 +95,29 @@ def weight_tiles(config: KernelConfig) -> dict:
     rows_last = config.cin_per_group - (-(-config.cin_per_group // rows) - 1) * rows
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
     return {"tile_rows": rows, "vec_block": block, "tiles": tiles}
+
+
+def depthwise_weight_rows(config: KernelConfig) -> dict:
+    """Channel vectors per depthwise weight-gradient row kernel: KW taps x vectors of
+    sums stay in registers, next to the diff_dst vectors."""
+    lanes = VECTOR_LANES[config.isa]
+    vectors = -(-config.groups // lanes)
+    taps_w = config.kernel[-1]
+    block = max(1, min(vectors, MAX_VECTOR_BLOCK[config.isa],
+                       ACCUMULATORS[config.isa] // (taps_w + 1)))
+    last = vectors - (-(-vectors // block) - 1) * block
+    return {"vec_block": block, "vec_last": last, "row_vecs": sorted({block, last}),
+            "max_unrolled_taps": MAX_UNROLLED_TAPS}
+
+
+def _body(config: KernelConfig) -> dict:
+    """The template that computes this configuration, and its tiles."""
+    if config.family == "bwd_weights" and is_depthwise(config):
+        return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config)}
+    if config.family == "bwd_weights":
+        return {"body": "bwd_weights.c.j2", **weight_tiles(config)}
+    body = "depthwise.c.j2" if is_depthwise(config) else "direct.c.j2"
+    return {"body": body, **direct_tiles(config)}
 
 
 def render_context(config: KernelConfig, generator_version: str) -> dict:
@@ -113,5 +146,5 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         else "",
         "isa": config.isa,
         "vl": VECTOR_LANES[config.isa],
-        **(weight_tiles(config) if config.family == "bwd_weights" else direct_tiles(config)),
+        **_body(config),
     }

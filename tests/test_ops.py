@@ -75,6 +75,18 @@ def test_groups(op, groups, in_channels, out_channels):
     run_case(case)
 
 
+@pytest.mark.parametrize("op", OP_KINDS)
+@pytest.mark.parametrize("rank,data_format,dtype", [(1, "NXC", "f32"), (2, "NCX", "bf16"),
+                                                    (3, "NXC", "f16"), (2, "NXC", "f32")])
+@pytest.mark.parametrize("channels", [20, 70])
+def test_depthwise(op, rank, data_format, dtype, channels):
+    """Depthwise kernels vectorise across groups: a tail vector, several vector blocks."""
+    geometry = GEOMETRY[rank]
+    case = make_case(op, **geometry, groups=channels, in_channels=channels,
+                     out_channels=channels, batch=1, data_format=data_format, dtype=dtype)
+    run_case(case)
+
+
 AUTO_PADS = ["none", "explicit", "", "same_upper", "same_lower", "valid", "SAME_UPPER", "Valid"]
 
 
