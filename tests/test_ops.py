@@ -183,18 +183,49 @@ def test_rounding_is_to_nearest_even(dtype, base):
     np.testing.assert_array_equal(result[0, :, 0].astype(np.float32), expected)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("op", OP_KINDS)
-def test_thread_counts_agree(op, threads):
+@pytest.mark.parametrize("groups,in_channels,out_channels", [(1, 5, 7), (24, 24, 24)])
+def test_thread_counts_agree(op, threads, groups, in_channels, out_channels):
     rng = np.random.default_rng(1)
-    case = make_case(op, spatial=(9, 7), kernel=(3, 3), in_channels=5, out_channels=7,
-                     batch=3, attrs=dict(pads_begin=1, pads_end=1))
+    case = make_case(op, spatial=(9, 7), kernel=(3, 3), in_channels=in_channels,
+                     out_channels=out_channels, groups=groups, batch=3,
+                     attrs=dict(pads_begin=1, pads_end=1))
     # Non-integer data: the order of the sums shows in the bits.
     case.inputs[:2] = [rng.standard_normal(x.shape).astype(np.float32) for x in case.inputs[:2]]
     one = runtime.execute(case.op, case.inputs, case.attrs, num_threads=1)
     many = runtime.execute(case.op, case.inputs, case.attrs, num_threads=threads)
     np.testing.assert_array_equal(one, many)
     np.testing.assert_allclose(one, case.expected(np.float32), rtol=1e-5, atol=1e-4)
+
+
+ISAS = runtime.cpu.available_isas()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", OP_KINDS)
+@pytest.mark.parametrize("in_channels,out_channels,data_format,dtype",
+                         [(37, 70, "NXC", "f32"), (70, 37, "NCX", "bf16"), (16, 64, "NXC", "f16")])
+def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_format, dtype,
+                                     monkeypatch):
+    """Every ISA path this CPU runs, with several vector blocks and channel tails."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case(op, spatial=(7, 9), kernel=(3, 2), in_channels=in_channels,
+                     out_channels=out_channels, batch=1, data_format=data_format, dtype=dtype,
+                     attrs=dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 0],
+                                pads_end=[1, 1]))
+    run_case(case)
+
+
+@pytest.mark.parametrize("isa", ISAS[1:])
+@pytest.mark.parametrize("op,rank,data_format,weights_format,dtype",
+                         [g for g in GRID if g[4] != "f16" and g[2] == "NXC"])
+def test_isa_grid(isa, op, rank, data_format, weights_format, dtype, monkeypatch):
+    """The grid on the other ISA paths (the best path runs the full grid)."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case(op, **GEOMETRY[rank], groups=2, in_channels=4, out_channels=6,
+                     data_format=data_format, weights_format=weights_format, dtype=dtype)
+    run_case(case)
 
 
 def test_infer_shape_matches_results():
