@@ -14,7 +14,7 @@ pads are run-time arguments, so one kernel serves every batch and image size.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 FAMILIES = ("fwd", "bwd_data", "bwd_weights")
 DATA_FORMATS = ("NXC", "NCX")
@@ -85,4 +85,4 @@ class KernelConfig:
         return cls(**fields)
 
     def with_isa(self, isa: str) -> KernelConfig:
-        return KernelConfig(**{**self.to_dict(), "isa": isa})
+        return replace(self, isa=isa)

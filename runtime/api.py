@@ -85,6 +85,46 @@ def _check_out(op: str, out, problem: Problem, dtype: np.dtype, inputs) -> np.nd
     return out
 
 
+# Resolved calls by their arguments: validation and shape inference are pure Python and
+# cost more than a small kernel. Values are frozen with their types so that, e.g.,
+# strides=2.0 (an error) never finds the entry of strides=2.
+_plans: dict = {}
+MAX_PLANS = 4096
+
+
+class _Unfrozen(Exception):
+    pass
+
+
+def _freeze(value):
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, *map(_freeze, value))
+    if isinstance(value, np.ndarray):
+        return ("ndarray", value.dtype.str, value.shape, *map(_freeze, value.ravel().tolist()))
+    if value is None or isinstance(value, bool | int | float | str | np.generic):
+        return (type(value).__name__, value)
+    raise _Unfrozen
+
+
+def _plan(op: str, a_shape, b_shape, attrs: Mapping, shape_input, dtype: str):
+    """The resolved problem and the kernel configuration of a call, memoised."""
+    isa = selected_isa()
+    try:
+        key = (op, a_shape, b_shape, dtype, isa, _freeze(shape_input),
+               tuple(sorted((k, _freeze(v)) for k, v in attrs.items())))
+    except (_Unfrozen, TypeError):  # unusual values: resolve validates them
+        key = None
+    plan = _plans.get(key) if key is not None else None
+    if plan is None:
+        problem = resolve(op, (a_shape, b_shape), attrs, shape_input, dtype)
+        plan = (problem, problem.config.with_isa(isa))
+        if key is not None:
+            if len(_plans) >= MAX_PLANS:
+                _plans.clear()
+            _plans[key] = plan
+    return plan
+
+
 def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | None = None,
         num_threads: int | None = None) -> np.ndarray:
     """Validates, infers the result shape and pads, and runs the op's kernel."""
@@ -109,14 +149,14 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
         raise TypeError(f"{op}: {spec.inputs[0]} is {a.dtype} but {spec.inputs[1]} is "
                         f"{b.dtype}; expected one dtype")
     shape_input = _shape_input(op, spec.shape_name, inputs[2]) if len(inputs) > 2 else None
-    problem = resolve(op, (a.shape, b.shape), attrs, shape_input, DTYPES[a.dtype])
+    problem, config = _plan(op, a.shape, b.shape, attrs, shape_input, DTYPES[a.dtype])
     if out is None:
         out = np.empty(problem.output_shape, dtype=a.dtype)
     else:
         out = _check_out(op, out, problem, a.dtype, (a, b))
     if out.size == 0:  # batch 0 of a data op
         return out
-    kernel = get_kernel(problem.config.with_isa(selected_isa()))
+    kernel = get_kernel(config)
     first, second = (b, a) if problem.swap_inputs else (a, b)
     rank = problem.config.rank
     dims = ffi.new("convgrad_dims *")
@@ -194,12 +234,25 @@ def _op_function(kind: str):
                    inspect.Parameter("num_threads", keyword, default=None)]
     signature = inspect.Signature(parameters)
 
+    names = [p.name for p in parameters]
+    positional_names = names[:len(spec.inputs) + bool(spec.shape_name)]
+    defaults = {p.name: p.default for p in parameters}
+
     def function(*args, **kwargs):
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as error:  # an unknown keyword, a missing or extra input
-            raise TypeError(f"{kind}: {error}") from None
-        values = bound.arguments
+        # signature.bind's checks, without its cost on every call
+        if len(args) > len(positional_names):
+            raise TypeError(f"{kind}: takes at most {len(positional_names)} positional "
+                            f"arguments ({', '.join(positional_names)}); {len(args)} given")
+        values = dict(zip(positional_names, args, strict=False))
+        for name, value in kwargs.items():
+            if name not in defaults:
+                raise TypeError(f"{kind}: got an unexpected keyword argument {name!r}")
+            if name in values:
+                raise TypeError(f"{kind}: got multiple values for argument {name!r}")
+            values[name] = value
+        missing = [name for name in spec.inputs if name not in values]
+        if missing:
+            raise TypeError(f"{kind}: missing required argument(s) {missing}")
         inputs = [values[name] for name in spec.inputs]
         shape_input = values.get(f"{spec.shape_name}_input") if spec.shape_name else None
         if shape_input is not None:

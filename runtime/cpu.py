@@ -23,11 +23,12 @@ def cpu_features() -> frozenset[str]:
     return frozenset()
 
 
-def available_isas() -> list[str]:
+@cache
+def available_isas() -> tuple[str, ...]:
     """ISA paths this machine can run, best first ("portable" always)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        return ["portable"]
-    return runnable_isas(cpu_features())
+        return ("portable",)
+    return tuple(runnable_isas(cpu_features()))
 
 
 def selected_isa() -> str:
@@ -39,5 +40,5 @@ def selected_isa() -> str:
         raise ValueError(f"CONVGRAD_ISA={forced!r} is not one of {list(ISAS)}")
     if forced not in available_isas():
         raise RuntimeError(
-            f"CONVGRAD_ISA={forced!r} cannot run on this CPU (it runs {available_isas()})")
+            f"CONVGRAD_ISA={forced!r} cannot run on this CPU (it runs {list(available_isas())})")
     return forced
