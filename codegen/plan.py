@@ -81,7 +81,10 @@ def direct_tiles(config: KernelConfig) -> dict:
     taps = prod(config.kernel)
     chunk = max(16, WEIGHT_CHUNK_BYTES // (taps * block * lanes * 4))
     return {"tile_rows": rows, "vec_block": block, "vec_last": last, "tiles": tiles,
-            "reduce_chunk": min(reduced, chunk)}
+            "reduce_chunk": min(reduced, chunk),
+            # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
+            "pointwise": all(k == 1 for k in config.kernel) and all(
+                s == 1 for s in config.strides)}
 
 
 def weight_tiles(config: KernelConfig) -> dict:

@@ -87,6 +87,15 @@ def test_depthwise(op, rank, data_format, dtype, channels):
     run_case(case)
 
 
+@pytest.mark.parametrize("op", OP_KINDS)
+@pytest.mark.parametrize("pads,groups", [(0, 1), (0, 2), (1, 1)])
+def test_pointwise(op, pads, groups):
+    """1x1 stride 1: without pads every pixel of the batch is one run; with pads, not."""
+    case = make_case(op, spatial=(5, 7), kernel=(1, 1), in_channels=34, out_channels=18,
+                     groups=groups, batch=3, attrs=dict(pads_begin=pads, pads_end=pads))
+    run_case(case)
+
+
 AUTO_PADS = ["none", "explicit", "", "same_upper", "same_lower", "valid", "SAME_UPPER", "Valid"]
 
 
