@@ -1,0 +1,184 @@
+"""The kernel cache in production conditions: many processes, killed builds, threads,
+unwritable directories, a size cap, and its show/clear commands."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cases import make_case
+from test_ops import assert_exact
+
+import runtime
+from runtime import cache, kernels
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A new kernel (its geometry is used nowhere else) that a child process builds and checks.
+CHILD = textwrap.dedent("""
+    import sys
+    import numpy as np, runtime
+    dd = np.arange(2 * 5 * 5 * 3, dtype=np.float32).reshape(2, 5, 5, 3) % 7
+    w = np.arange(3 * 2 * 3 * {channels}, dtype=np.float32).reshape(3, 2, {channels}, 3) % 5
+    r = runtime.convolution_backward_data(dd, w, strides=[2, 3], pads_begin=[1, 0])
+    print(float(r.sum()), float((r * np.arange(r.size).reshape(r.shape) % 11).sum()))
+""")
+
+
+def _spy(folder: Path, delay: float = 0.0) -> Path:
+    """A CC that logs each compile (not `--version`), optionally slowly, then compiles."""
+    spy = folder / "cc-spy"
+    spy.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ "$1" != "--version" ]; then echo "$$" >> {folder / "compiles.log"}; sleep {delay}; fi
+        exec cc "$@"
+    """))
+    spy.chmod(0o755)
+    return spy
+
+
+def _compiles(folder: Path) -> int:
+    log = folder / "compiles.log"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def _child_env(folder: Path, spy: Path) -> dict:
+    return {**os.environ, "CONVGRAD_CACHE_DIR": str(folder / "cache"), "CC": str(spy),
+            "CONVGRAD_AOT_PATH": ""}
+
+
+def test_eight_processes_one_compilation(tmp_path):
+    spy = _spy(tmp_path, delay=0.5)
+    script = CHILD.format(channels=4)
+    env = _child_env(tmp_path, spy)
+    children = [subprocess.Popen([sys.executable, "-c", script], env=env, cwd=ROOT,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(8)]
+    outputs = [child.communicate(timeout=120) for child in children]
+    assert all(child.returncode == 0 for child in children), [o[1] for o in outputs]
+    assert len({out for out, _ in outputs}) == 1  # eight identical, correct results
+    reference = subprocess.run([sys.executable, "-c", script], env={**env, "CC": "cc"},
+                               cwd=ROOT, capture_output=True, text=True, check=True)
+    assert outputs[0][0] == reference.stdout
+    assert _compiles(tmp_path) == 1
+
+
+def test_process_killed_while_compiling_leaves_a_usable_cache(tmp_path):
+    slow = _spy(tmp_path, delay=30)
+    script = CHILD.format(channels=5)
+    victim = subprocess.Popen([sys.executable, "-c", script], env=_child_env(tmp_path, slow),
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while _compiles(tmp_path) == 0 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _compiles(tmp_path) == 1, "the compile never started"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    result = subprocess.run([sys.executable, "-c", script],
+                            env=_child_env(tmp_path, _spy(fast)), cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert _compiles(fast) == 1  # the lock died with its holder; the build ran again
+    again = subprocess.run([sys.executable, "-c", script],
+                           env=_child_env(tmp_path, _spy(fast)), cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert again.stdout == result.stdout and _compiles(fast) == 1
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    kernels.reset()
+    yield tmp_path / "cache"
+    kernels.reset()
+
+
+def test_sixteen_threads_call_kernels_concurrently(fresh_cache):
+    cases = [make_case(op, spatial=(6, 5), kernel=(3, 3), in_channels=5, out_channels=7,
+                       attrs=dict(pads_begin=1, strides=s), seed=seed)
+             for seed, (op, s) in enumerate(
+                 [("ConvolutionBackwardData", 1), ("ConvolutionBackwardWeights", 2),
+                  ("ConvTransposeBackwardData", 1), ("ConvolutionBackwardData", 2)])]
+    expected = [c.expected(np.float32) for c in cases]
+
+    def work(index):
+        case = cases[index % len(cases)]
+        for _ in range(20):
+            result = runtime.execute(case.op, case.inputs, case.attrs, num_threads=1)
+            if not np.array_equal(result, expected[index % len(cases)]):
+                return False
+        return True
+
+    with ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(work, range(16)))
+
+
+def test_read_only_cache_falls_back_with_a_warning(fresh_cache, monkeypatch):
+    if os.geteuid() == 0:
+        # root ignores permissions: make the directory unusable another way
+        fresh_cache.parent.mkdir(parents=True, exist_ok=True)
+        fresh_cache.write_text("a file where the cache directory should be")
+    else:
+        fresh_cache.mkdir(parents=True)
+        fresh_cache.chmod(0o500)
+    monkeypatch.setattr(cache, "_fallbacks", {})
+    case = make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(2, 2), seed=9)
+    with pytest.warns(RuntimeWarning, match="not writable"):
+        result = runtime.execute(case.op, case.inputs, case.attrs)
+    assert_exact(case, result)
+
+
+def test_full_cache_falls_back_with_a_warning(fresh_cache, monkeypatch):
+    real_compile = cache.compile_objects
+    calls = []
+
+    def full_disk_once(sources, output, isa, shared=True):
+        calls.append(output)
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_compile(sources, output, isa, shared)
+
+    monkeypatch.setattr(cache, "compile_objects", full_disk_once)
+    monkeypatch.setattr(cache, "_fallbacks", {})
+    case = make_case("ConvolutionBackwardData", spatial=(4, 5), kernel=(2, 2), seed=10)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        result = runtime.execute(case.op, case.inputs, case.attrs)
+    assert_exact(case, result)
+    assert len(calls) == 2 and fresh_cache not in calls[1].parents
+
+
+def test_size_cap_evicts_least_recently_used(fresh_cache, monkeypatch):
+    cases = [make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(k, 1), seed=k)
+             for k in (1, 2, 3)]
+    for case in cases[:2]:
+        runtime.execute(case.op, case.inputs, case.attrs)
+    first, second = cache.entries(fresh_cache)
+    os.utime(first["library"].with_suffix(".json"), (1, 1))  # the oldest use
+    monkeypatch.setenv("CONVGRAD_CACHE_MAX_MB", str((first["bytes"] + second["bytes"]) / 2**20))
+    runtime.execute(cases[2].op, cases[2].inputs, cases[2].attrs)  # a third entry
+    left = [e["library"] for e in cache.entries(fresh_cache)]
+    assert first["library"] not in left and second["library"] in left and len(left) == 2
+
+
+def test_show_and_clear_commands(fresh_cache):
+    case = make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(2, 2), seed=3)
+    runtime.execute(case.op, case.inputs, case.attrs)
+    env = {**os.environ, "CONVGRAD_CACHE_DIR": str(fresh_cache)}
+    show = subprocess.run([sys.executable, "-m", "runtime.cache", "show"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    assert "1 kernels" in show.stdout and "convgrad_bwd_data" in show.stdout
+    clear = subprocess.run([sys.executable, "-m", "runtime.cache", "clear"], env=env, cwd=ROOT,
+                           capture_output=True, text=True, check=True)
+    assert "removed 1 kernels" in clear.stdout
+    assert cache.entries(fresh_cache) == []
