@@ -49,8 +49,9 @@ def render(config: KernelConfig) -> str:
     return template.render(**render_context(config, generator_version()))
 
 
-def render_header(configs: list[KernelConfig]) -> str:
-    """A C header declaring the given kernels (for AOT builds)."""
+def render_header(configs: list[KernelConfig], aliases: dict[str, str] | None = None) -> str:
+    """A C header declaring the given kernels (for AOT builds), and for each layer name
+    in `aliases` (C identifier -> kernel name) macros naming its kernel."""
     template = _environment().get_template("header.h.j2")
-    return template.render(names=[c.name for c in configs], configs=configs,
+    return template.render(names=[c.name for c in configs], aliases=aliases or {},
                            generator_version=generator_version())

@@ -5,7 +5,10 @@ library, a header and a manifest out. The runtime uses that folder's kernels
     python -m runtime.aot [LAYER_FILES...] [-o DIR] [--ops ...] [--check]
 
 With no layer file it builds ResNet-50's backward-data and backward-weights
-layers (oneDNN benchdnn's shapes_resnet_50).
+layers (oneDNN benchdnn's shapes_resnet_50). Layer files are JSON lists, benchdnn
+descriptor files or ONNX models (*.onnx; needs `pip install onnx`): each Conv node
+gives a ConvolutionBackwardData and a ConvolutionBackwardWeights layer, each
+ConvTranspose node the two ConvTranspose*Backward* layers.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -27,13 +31,22 @@ import numpy as np
 
 from codegen import OPS, KernelConfig, generator_version, render
 from codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
+from codegen.plan import ISA_FEATURES
 from codegen.render import render_header
 from runtime import api, kernels
 from runtime.cache import file_digest
-from runtime.compiler import compile_flags, compile_objects, compiler_identity, link_shared
+from runtime.compiler import (
+    archive,
+    compile_flags,
+    compile_objects,
+    compiler_identity,
+    link_shared,
+)
 from runtime.cpu import available_isas, selected_isa
+from runtime.onnx_layers import load_onnx
 
 LIBRARY = "libconvgrad_kernels.so"
+STATIC_LIBRARY = "libconvgrad_kernels.a"
 HEADER = "convgrad_kernels.h"
 DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "generated"
 BUILTIN_SHAPES = "shapes_resnet_50"
@@ -49,10 +62,16 @@ class BuildResult:
 
 def read_layers(paths: list[Path], *, ops=DEFAULT_OPS, dtype="f32", data_format="NXC",
                 weights_format=None, batch=None) -> list[Layer]:
-    """Layers of JSON files (*.json) and benchdnn descriptor files (anything else);
-    the built-in ResNet-50 list when `paths` is empty."""
-    texts = [(p.name, p.read_text()) for p in paths if p.suffix != ".json"]
-    layers = [layer for p in paths if p.suffix == ".json" for layer in load_json(p)]
+    """Layers of JSON files (*.json), ONNX models (*.onnx: the gradient ops of every
+    Conv and ConvTranspose node) and benchdnn descriptor files (anything else); the
+    built-in ResNet-50 list when `paths` is empty."""
+    texts = [(p.name, p.read_text()) for p in paths if p.suffix not in (".json", ".onnx")]
+    layers = []
+    for p in paths:
+        if p.suffix == ".json":
+            layers += load_json(p)
+        elif p.suffix == ".onnx":
+            layers += load_onnx(p, dtype=dtype, batch=batch, data_format=data_format)
     if not paths:
         source = resources.files("codegen") / "data" / BUILTIN_SHAPES
         texts = [(BUILTIN_SHAPES, source.read_text())]
@@ -95,14 +114,23 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
         library = Path(tmp) / LIBRARY
         link_shared(objects, library, isa)
         os.replace(shutil.copy(library, output / f".{LIBRARY}.tmp"), output / LIBRARY)
-    (output / HEADER).write_text(render_header(list(configs)))
+        archive(objects, Path(tmp) / STATIC_LIBRARY)
+        os.replace(shutil.copy(Path(tmp) / STATIC_LIBRARY, output / f".{STATIC_LIBRARY}.tmp"),
+                   output / STATIC_LIBRARY)
+    aliases = {_c_identifier(layer.name): config.name
+               for config, users in configs.items() for layer in users}
+    (output / HEADER).write_text(render_header(list(configs), aliases))
+    (output / "convgrad.mk").write_text(MAKE_FRAGMENT)
+    (output / "convgrad.cmake").write_text(CMAKE_FRAGMENT)
     manifest = {
         "generator_version": generator_version(),
         "isa": isa,
+        "cpu_features": sorted(ISA_FEATURES[isa]),
         "compiler": compiler_identity(),
         "flags": list(compile_flags(isa)),
         "library": LIBRARY,
         "library_sha256": file_digest(output / LIBRARY),
+        "static_library": STATIC_LIBRARY,
         "header": HEADER,
         "kernels": [
             {"name": c.name, "config": c.to_dict(), "source": f"src/{c.name}.c",
@@ -114,6 +142,35 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     temporary.write_text(json.dumps(manifest, indent=1))
     os.replace(temporary, output / "manifest.json")
     return BuildResult(output, configs, seconds, time.perf_counter() - started)
+
+
+MAKE_FRAGMENT = """\
+# convgrad kernels built ahead of time. In a Makefile:
+#   include path/to/convgrad.mk
+#   CFLAGS += $(CONVGRAD_CFLAGS)
+#   LDLIBS += $(CONVGRAD_LIBS)
+CONVGRAD_DIR := $(dir $(lastword $(MAKEFILE_LIST)))
+CONVGRAD_CFLAGS := -I$(CONVGRAD_DIR)
+CONVGRAD_LIBS := $(CONVGRAD_DIR)libconvgrad_kernels.a -fopenmp
+"""
+
+CMAKE_FRAGMENT = """\
+# convgrad kernels built ahead of time. In CMakeLists.txt:
+#   include(path/to/convgrad.cmake)
+#   target_link_libraries(my_program PRIVATE convgrad_kernels)
+find_package(OpenMP REQUIRED COMPONENTS C)
+add_library(convgrad_kernels STATIC IMPORTED)
+set_target_properties(convgrad_kernels PROPERTIES
+    IMPORTED_LOCATION "${CMAKE_CURRENT_LIST_DIR}/libconvgrad_kernels.a"
+    INTERFACE_INCLUDE_DIRECTORIES "${CMAKE_CURRENT_LIST_DIR}"
+    INTERFACE_LINK_LIBRARIES OpenMP::OpenMP_C)
+"""
+
+
+def _c_identifier(name: str) -> str:
+    """A layer name as the C identifier of its alias in the header."""
+    identifier = re.sub(r"\W", "_", name).strip("_").lower()
+    return identifier if identifier and not identifier[0].isdigit() else f"layer_{identifier}"
 
 
 def _load_reference():
@@ -172,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.aot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("layers", nargs="*", type=Path,
-                        help="layer files: *.json or benchdnn descriptor files "
-                             "(default: the built-in ResNet-50 list)")
+                        help="layer files: *.json, ONNX models (*.onnx: every Conv and "
+                             "ConvTranspose node's gradient ops; needs pip install onnx) or "
+                             "benchdnn descriptor files (default: the built-in ResNet-50 list)")
     parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
                         help=f"output folder (default: {DEFAULT_OUTPUT})")
     parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
@@ -183,10 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights-format", default=None,
                         choices=["OIX", "XIO"], help="(ConvTranspose ops use IOX/XOI)")
     parser.add_argument("--batch", type=int, default=None,
-                        help="batch of benchdnn layers (default: the file's mb)")
+                        help="batch of benchdnn and ONNX layers (default: the file's mb or "
+                             "the model's batch; required for a symbolic ONNX batch)")
     parser.add_argument("--isa", default=None, choices=["avx512", "avx2", "portable"],
-                        help="target ISA (default: the best this machine runs)")
+                        help="target ISA (default: the best this machine runs); the manifest "
+                             "records the CPU features it needs")
+    parser.add_argument("--cc", default=None,
+                        help="C compiler (default: $CC, else cc), e.g. a cross compiler")
+    parser.add_argument("--cflags", default=None,
+                        help="extra compiler flags (default: $CONVGRAD_CFLAGS)")
     parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--no-build", action="store_true",
+                        help="build nothing: use the kernels already in the output folder "
+                             "(with --check, proves they run without a compiler)")
     parser.add_argument("--check", action="store_true",
                         help="run every layer at batch 1 through the runtime, using the built "
                              "library, and compare with the numpy reference bit for bit")
@@ -196,12 +263,16 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [o for o in ops if o not in OPS]
     if unknown:
         parser.error(f"unknown op kind(s) {unknown}; expected {list(OPS)}")
+    if args.cc:
+        os.environ["CC"] = args.cc
+    if args.cflags is not None:
+        os.environ["CONVGRAD_CFLAGS"] = args.cflags
     isa = args.isa or available_isas()[0]
     try:
         layers = read_layers(args.layers, ops=ops, dtype=args.dtype,
                              data_format=args.data_format, weights_format=args.weights_format,
                              batch=args.batch)
-    except (OSError, ValueError, TypeError) as error:
+    except (OSError, ValueError, TypeError, RuntimeError) as error:
         parser.error(str(error))
 
     def progress(done: int, total: int, name: str) -> None:
@@ -212,11 +283,20 @@ def main(argv: list[str] | None = None) -> int:
         elif done == total or done % max(1, total // 10) == 0:  # a line per ~10%
             print(f"compiled {done}/{total} kernels", file=sys.stderr, flush=True)
 
-    print(f"convgrad {generator_version()}: {len(layers)} layers, isa {isa}, "
-          f"{args.jobs} jobs -> {args.output}", file=sys.stderr)
-    result = build(layers, args.output, isa=isa, jobs=args.jobs, progress=progress)
-    print(f"built {len(result.configs)} kernels into {args.output / LIBRARY} in "
-          f"{result.seconds:.1f} s", file=sys.stderr)
+    if args.no_build:
+        configs: dict[KernelConfig, list[Layer]] = {}
+        for layer in layers:
+            configs.setdefault(layer.resolve().config.with_isa(isa), []).append(layer)
+        seconds: dict[KernelConfig, float] = {}
+    else:
+        print(f"convgrad {generator_version()}: {len(layers)} layers, isa {isa}, "
+              f"{args.jobs} jobs -> {args.output}", file=sys.stderr)
+        result = build(layers, args.output, isa=isa, jobs=args.jobs, progress=progress)
+        configs, seconds = result.configs, result.compile_seconds
+        print(_table([[c.name, len(users), f"{seconds[c]:.2f}"] for c, users in configs.items()],
+                     ["kernel", "layers", "compile s"]))
+        print(f"built {len(configs)} kernels for {len(layers)} layers into {args.output} "
+              f"({LIBRARY}, {STATIC_LIBRARY}, {HEADER}) in {result.seconds:.1f} s")
 
     if not args.check:
         return 0
@@ -225,11 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     reference = _load_reference()
     rng = np.random.default_rng(0)
     rows, failures = [], 0
-    for config, users in result.configs.items():
+    for config, users in configs.items():
         for layer in users:
             outcome = check_layer(layer, reference, rng)
             failures += not (outcome["exact"] and outcome["origin"] == "aot")
-            rows.append([layer.name, layer.op, f"{result.compile_seconds[config]:.2f}",
+            compile_s = f"{seconds[config]:.2f}" if config in seconds else "-"
+            rows.append([layer.name, layer.op, compile_s,
                          outcome["origin"], "exact" if outcome["exact"] else "MISMATCH",
                          f"{outcome['ms']:.2f}", f"{outcome['gflops']:.1f}"])
     print(_table(rows, ["layer", "op", "compile s", "kernel from", "vs reference",

@@ -82,17 +82,16 @@ def max_bytes() -> int:
 
 
 @cache
-def _key_material(isa: str, cc: str, cflags: str) -> str:
+def _key_material(isa: str, cc: str, flags: tuple[str, ...]) -> str:
     """Everything but the configuration that the binary depends on (memoised per
-    ISA and the environment variables that change compiler or flags)."""
+    ISA, compiler and flags)."""
     return json.dumps({"generator": generator_version(), "compiler": compiler_identity(),
-                       "flags": compile_flags(isa), "features": sorted(ISA_FEATURES[isa])},
-                      sort_keys=True)
+                       "flags": flags, "features": sorted(ISA_FEATURES[isa])}, sort_keys=True)
 
 
 def cache_key(config: KernelConfig) -> str:
     material = json.dumps(config.to_dict(), sort_keys=True) + _key_material(
-        config.isa, os.environ.get("CC", ""), os.environ.get("CONVGRAD_CFLAGS", ""))
+        config.isa, os.environ.get("CC", ""), compile_flags(config.isa))
     return hashlib.sha256(material.encode()).hexdigest()
 
 

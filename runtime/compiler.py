@@ -31,10 +31,16 @@ def compiler_command() -> list[str]:
     return shlex.split(os.environ.get("CC", "").strip() or "cc")
 
 
+# CONVGRAD_SANITIZE=1: kernels check every access (the process needs libasan preloaded).
+SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+                  "-fno-omit-frame-pointer", "-g")
+
+
 def compile_flags(isa: str) -> tuple[str, ...]:
     """Every flag a kernel is compiled and linked with (CONVGRAD_CFLAGS adds more)."""
     extra = tuple(shlex.split(os.environ.get("CONVGRAD_CFLAGS", "")))
-    return BASE_FLAGS + ISA_FLAGS[isa] + extra + LINK_FLAGS
+    sanitize = SANITIZE_FLAGS if os.environ.get("CONVGRAD_SANITIZE") == "1" else ()
+    return BASE_FLAGS + ISA_FLAGS[isa] + sanitize + extra + LINK_FLAGS
 
 
 @cache
@@ -68,6 +74,12 @@ def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = 
 def link_shared(objects: list[Path], output: Path, isa: str) -> None:
     """Links compiled objects into one shared library."""
     _run([*compiler_command(), *compile_flags(isa), "-o", str(output),
+          *map(str, objects)], objects)
+
+
+def archive(objects: list[Path], output: Path) -> None:
+    """A static library of compiled objects ($AR, default `ar`)."""
+    _run([*shlex.split(os.environ.get("AR", "").strip() or "ar"), "rcs", str(output),
           *map(str, objects)], objects)
 
 

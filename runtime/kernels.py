@@ -14,7 +14,8 @@ import cffi
 from codegen import KernelConfig, generator_version
 from runtime import cache
 from runtime.cache import file_digest
-from runtime.cpu import available_isas
+from runtime.compiler import CompilerNotFoundError
+from runtime.cpu import available_isas, cpu_features
 
 log = logging.getLogger("convgrad")
 
@@ -73,11 +74,13 @@ def aot_search_path() -> list[Path]:
 
 
 _aot_index: dict[KernelConfig, Path] | None = None
+_refused: list[str] = []  # AOT folders skipped because this CPU cannot run them
 _aot_index_path: list[Path] | None = None
 
 
 def _read_manifests() -> dict[KernelConfig, Path]:
     index: dict[KernelConfig, Path] = {}
+    _refused.clear()
     for folder in aot_search_path():
         manifest = folder / "manifest.json"
         if not manifest.is_file():
@@ -87,6 +90,12 @@ def _read_manifests() -> dict[KernelConfig, Path]:
             if data.get("generator_version") != generator_version():
                 log.warning("ignoring %s: built by convgrad %s, this is %s", manifest,
                             data.get("generator_version"), generator_version())
+                continue
+            missing = sorted(set(data.get("cpu_features", [])) - cpu_features())
+            if data.get("isa") not in available_isas():
+                _refused.append(f"{folder} was built for {data.get('isa')}, which this CPU "
+                                f"cannot run (it lacks {', '.join(missing) or 'that ISA'})")
+                log.warning("ignoring AOT kernels: %s", _refused[-1])
                 continue
             library = folder / data["library"]
             if file_digest(library) != data["library_sha256"]:
@@ -139,6 +148,12 @@ def _load(config: KernelConfig) -> Kernel:
             functions = _bind(config.with_isa(isa), library)
             log.debug("%s: ahead-of-time kernel from %s", config.name, library)
             return Kernel(config.with_isa(isa), *functions, "aot", library)
-    fresh = not cache.is_valid(cache.library_path(config))
-    path = cache.build(config)
+    try:
+        fresh = not cache.is_valid(cache.library_path(config))
+        path = cache.build(config)
+    except CompilerNotFoundError as error:
+        if not _refused:
+            raise
+        raise CompilerNotFoundError(f"{error}; ahead-of-time kernels were skipped: "
+                                    + "; ".join(_refused)) from None
     return Kernel(config, *_bind(config, path), "compiled" if fresh else "cache", path)

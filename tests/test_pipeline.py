@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cases import make_case
 from test_ops import assert_exact
@@ -192,3 +193,48 @@ def test_aot_main_job_checks_resnet_layers(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "4 of 4 layers exact and served by the AOT library" in result.stdout
     assert result.stdout.count("exact") >= 4
+
+
+def test_aot_resnet50_in_parallel_then_runs_without_a_compiler(tmp_path):
+    """The built-in ResNet-50 list: built with two jobs, progress and a summary; then every
+    layer runs from the library with CC pointing at a missing binary."""
+    out = tmp_path / "resnet"
+    build = subprocess.run([sys.executable, "-m", "runtime.aot", "-o", str(out), "-j", "2"],
+                           cwd=ROOT, capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    assert "compiled 40/40 kernels" in build.stderr  # progress (a bar on a terminal)
+    assert "built 40 kernels for 40 layers" in build.stdout
+    env = {**os.environ, "CC": "/nonexistent/cc", "CONVGRAD_CACHE_DIR": str(tmp_path / "c")}
+    check = subprocess.run([sys.executable, "-m", "runtime.aot", "-o", str(out), "--no-build",
+                            "--check"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "40 of 40 layers exact and served by the AOT library" in check.stdout
+    assert not (tmp_path / "c").exists() or not list((tmp_path / "c").glob("*.so"))
+
+
+def test_aot_kernels_for_another_cpu_are_refused_clearly(tmp_path, monkeypatch):
+    layer_file = tmp_path / "layers.json"
+    layer_file.write_text(json.dumps(LAYERS[:1]))
+    out = tmp_path / "aot"
+    subprocess.run([sys.executable, "-m", "runtime.aot", str(layer_file), "-o", str(out),
+                    "--isa", "avx2"], check=True, cwd=ROOT, capture_output=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["isa"] == "avx2" and "avx2" in manifest["cpu_features"]
+    # This process now believes its CPU runs only the portable path, and has no compiler.
+    from runtime import compiler, cpu
+    monkeypatch.setattr(kernels, "available_isas", lambda: ("portable",))
+    monkeypatch.setattr(cpu, "available_isas", lambda: ("portable",))
+    monkeypatch.setattr(kernels, "cpu_features", lambda: frozenset())
+    monkeypatch.setenv("CONVGRAD_AOT_PATH", str(out))
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    compiler._identity.cache_clear()
+    kernels.reset()
+    layer = LAYERS[0]
+    inputs = [np.ones(s, np.float32) for s in layer["inputs"]]
+    try:
+        with pytest.raises(compiler.CompilerNotFoundError, match="built for avx2.*cannot run"):
+            runtime.execute(layer["op"], inputs, layer["attrs"])
+    finally:
+        compiler._identity.cache_clear()
+        kernels.reset()

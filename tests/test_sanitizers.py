@@ -1,0 +1,76 @@
+"""Random configurations of every op run in kernels built with AddressSanitizer and
+UndefinedBehaviorSanitizer (CONVGRAD_SANITIZE=1): an out-of-bounds access or undefined
+behaviour aborts the child process and fails the test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _runtime_library(name: str) -> str | None:
+    try:
+        path = subprocess.run(["cc", f"-print-file-name={name}"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+ASAN, UBSAN = _runtime_library("libasan.so"), _runtime_library("libubsan.so")
+
+CHILD = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    from cases import DTYPES, make_case
+    from reference import OP_KINDS
+    from test_ops import run_case
+    rng = np.random.default_rng({seed})
+    done = 0
+    while done < {count}:
+        rank = int(rng.integers(1, 4))
+        groups = int(rng.choice([1, 2, 5]))
+        op = OP_KINDS[done % len(OP_KINDS)]
+        attrs = dict(strides=rng.integers(1, 4, rank).tolist(),
+                     dilations=rng.integers(1, 3, rank).tolist(),
+                     pads_begin=rng.integers(0, 3, rank).tolist(),
+                     pads_end=rng.integers(0, 3, rank).tolist())
+        channels = groups * int(rng.integers(1, 4)), groups * int(rng.integers(1, 20))
+        if rng.random() < 0.3:  # depthwise
+            channels, groups = (groups * 3, groups * 3), groups * 3
+        try:
+            case = make_case(op, spatial=tuple(rng.integers(3, 9, rank).tolist()),
+                             kernel=tuple(rng.integers(1, 4, rank).tolist()), groups=groups,
+                             in_channels=channels[0], out_channels=channels[1],
+                             batch=int(rng.integers(0, 3)), attrs=attrs,
+                             data_format=str(rng.choice(["NXC", "NCX"])),
+                             dtype=str(rng.choice(list(DTYPES))), seed=done)
+            case.expected(np.float32)
+        except ValueError:
+            continue  # a geometry the op rejects
+        run_case(case, num_threads=int(rng.integers(1, 3)))
+        done += 1
+    print("ok", done)
+""")
+
+
+@pytest.mark.skipif(ASAN is None or UBSAN is None, reason="needs gcc's libasan and libubsan")
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_configurations_under_sanitizers(tmp_path, seed):
+    env = {**os.environ, "CONVGRAD_SANITIZE": "1", "LD_PRELOAD": f"{ASAN} {UBSAN}",
+           "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "CONVGRAD_CACHE_DIR": str(ROOT / ".pytest_cache" / "convgrad-sanitized"),
+           "CONVGRAD_AOT_PATH": ""}
+    script = CHILD.format(tests=str(ROOT / "tests"), seed=seed, count=12)
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip() == "ok 12"
