@@ -1,0 +1,735 @@
+"""convgrad against PyTorch's CPU backward, side by side in one process.
+
+    python benchmarks/bench.py [--set resnet50|mobilenet_dw|dilated|1d|3d|all]
+                               [--ops data,weights] [--threads 1,2] [--batch 8]
+                               [--dtype f32|bf16|f16] [--data-format NXC|NCX]
+                               [--min-time 0.3] [--limit N] [--keep-cache] [--out DIR]
+
+Every benchdnn forward convolution of the chosen set becomes the layers of
+ConvolutionBackwardData ("data") and ConvolutionBackwardWeights ("weights"), built
+with codegen.layers.conv_layers and run through runtime.execute; PyTorch runs the
+same problem through torch.ops.aten.convolution_backward with the same dtype,
+memory layout and thread count. Each timing is the median of at least 3 calls
+and at least --min-time seconds, the two libraries' calls interleaved. GFLOP/s
+count 2 x N x OC x IC/g x output pixels x kernel taps. The machine's f32 FMA peak
+per core is measured by a small generated C loop, and every row gives convgrad's
+share of it (GFLOP/s / (peak x threads)).
+
+Outputs: a table and the geometric mean of the ratios (convgrad GFLOP/s / PyTorch
+GFLOP/s, above 1 means convgrad is faster) per op and thread count on stdout, and
+results.csv, results.json (with the machine) and results.png in --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+
+import cffi
+import ml_dtypes
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(ROOT))
+
+from codegen import KernelConfig, generator_version  # noqa: E402
+from codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn  # noqa: E402
+from runtime import api, kernels  # noqa: E402
+from runtime.compiler import compile_objects, compiler_identity  # noqa: E402
+from runtime.cpu import available_isas, selected_isa  # noqa: E402
+
+try:
+    import torch
+except ImportError:  # reported by main()
+    torch = None
+
+OPS = {"data": "ConvolutionBackwardData", "weights": "ConvolutionBackwardWeights"}
+DTYPES = ("f32", "bf16", "f16")
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+DEFAULT_SHAPES_DIR = ROOT.parent / "shared" / "benchdnn_conv_shapes"
+
+# Shape sets: (file, selected descriptor names or None for every descriptor).
+# The ResNet-50 list is the package's bundled copy; the others are a handful of
+# representative descriptors of oneDNN benchdnn's files in DEFAULT_SHAPES_DIR.
+SETS: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    "resnet50": ("shapes_resnet_50", None),
+    "mobilenet_dw": ("shapes_mobilenet_dw", (
+        "mobilenet:conv2_1/dw", "mobilenet:conv2_2/dw", "mobilenet:conv3_1/dw",
+        "mobilenet:conv4_2/dw", "mobilenet:conv5_1/dw", "mobilenet:conv6/dw")),
+    "dilated": ("shapes_dilated", (
+        "dilated_conv:18", "dilated_conv:19", "dilated_conv:20", "dilated_conv:21",
+        "dilated_conv:24", "dilated_conv:25", "dilated_conv:42/dw")),
+    "1d": ("shapes_1d", (
+        "conv_dw", "1d_gconv_channel-block-16", "conv1d:2", "conv1d:3", "conv1d:6",
+        "conv1d:19", "conv1d_gemm:3")),
+    "3d": ("shapes_3d", (
+        "3d_conv_pad:1", "3d_conv_pad:4", "3d_conv:2", "vnet:conv3",
+        "3d_gconv_channel-block-8", "3d_gconv_non-block_s2")),
+}
+BUNDLED = {"resnet50"}
+
+# The tiny problem of the call-overhead measurement: 1x1, N=1, 4x4, 16 channels.
+TINY = ConvShape(name="tiny", groups=1, batch=1, in_channels=16, out_channels=16,
+                 src=(4, 4), dst=(4, 4), kernel=(1, 1), strides=(1, 1), pads_begin=(0, 0),
+                 pads_end=(0, 0), dilations=(1, 1))
+
+# Largest |convgrad - PyTorch| / max |PyTorch| still reported as the same result.
+TOLERANCE = {"f32": 1e-3, "bf16": 5e-2, "f16": 1e-2}
+
+
+# --------------------------------------------------------------------------- shapes
+
+def load_set(name: str, shapes_dir: Path, limit: int | None) -> list[ConvShape] | None:
+    """The forward convolutions of a shape set (None when its file is missing)."""
+    file, selection = SETS[name]
+    if name in BUNDLED:
+        text = (resources.files("codegen") / "data" / file).read_text()
+    else:
+        path = shapes_dir / file
+        if not path.is_file():
+            return None
+        text = path.read_text()
+    convs = parse_benchdnn(text)
+    if selection is not None:
+        by_name: dict[str, ConvShape] = {}
+        for conv in convs:
+            by_name.setdefault(conv.name, conv)  # a repeated name: its first descriptor
+        convs = [by_name[n] for n in selection if n in by_name]
+    return convs[:limit] if limit else convs
+
+
+def torch_dst(conv: ConvShape) -> tuple[int, ...]:
+    """The output size PyTorch computes with symmetric padding pads_begin."""
+    return tuple((i + 2 * p - d * (k - 1) - 1) // s + 1 for i, p, d, k, s in zip(
+        conv.src, conv.pads_begin, conv.dilations, conv.kernel, conv.strides, strict=True))
+
+
+# --------------------------------------------------------------------------- torch
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    return {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
+
+
+def memory_format(rank: int, data_format: str) -> tuple[torch.memory_format, str]:
+    """PyTorch's memory format for a data format, and a description of it."""
+    if data_format == "NCX":
+        return torch.contiguous_format, "contiguous"
+    if rank == 2:
+        return torch.channels_last, "channels_last"
+    if rank == 3:
+        return torch.channels_last_3d, "channels_last_3d"
+    return torch.contiguous_format, "contiguous NCW (PyTorch has no channels_last for 1D)"
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    if array.dtype == ml_dtypes.bfloat16:  # torch.from_numpy does not know ml_dtypes
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def data_to_torch(array: np.ndarray, data_format: str, fmt: torch.memory_format
+                  ) -> torch.Tensor:
+    """A convgrad data array as a PyTorch (N, C, *X) tensor in memory format `fmt`."""
+    tensor = _from_numpy(array)
+    if data_format == "NXC":
+        rank = array.ndim - 2
+        tensor = tensor.permute(0, rank + 1, *range(1, rank + 1))
+    return tensor.contiguous(memory_format=fmt)
+
+
+def weights_to_torch(array: np.ndarray, weights_format: str, fmt: torch.memory_format
+                     ) -> torch.Tensor:
+    """convgrad weights (OIX or XIO) as a PyTorch (O, I/g, *K) tensor."""
+    tensor = _from_numpy(array)
+    if weights_format == "XIO":
+        rank = array.ndim - 2
+        tensor = tensor.permute(rank + 1, rank, *range(rank))
+    return tensor.contiguous(memory_format=fmt)
+
+
+def data_from_torch(tensor: torch.Tensor, data_format: str) -> np.ndarray:
+    """A PyTorch (N, C, *X) result as f32 numpy in convgrad's data format."""
+    if data_format == "NXC":
+        tensor = tensor.permute(0, *range(2, tensor.dim()), 1)
+    return tensor.float().contiguous().numpy()
+
+
+def weights_from_torch(tensor: torch.Tensor, weights_format: str) -> np.ndarray:
+    """A PyTorch (O, I/g, *K) result as f32 numpy in convgrad's weights format."""
+    if weights_format == "XIO":
+        tensor = tensor.permute(*range(2, tensor.dim()), 1, 0)
+    return tensor.float().contiguous().numpy()
+
+
+# --------------------------------------------------------------------------- machine
+
+_PEAK_SOURCE = r"""
+typedef float vf __attribute__((vector_size(VBYTES)));
+
+/* ACC independent chains of acc = acc * scale + add: with -mfma, one FMA each. */
+double convgrad_bench_fma(long iterations, float scale)
+{
+    const vf zero = {0};
+    const vf mul = zero + scale, add = zero + 1e-3f;
+    vf acc[ACC];
+    for (int i = 0; i < ACC; ++i)
+        acc[i] = zero + 1e-3f * (float)i;
+    for (long n = 0; n < iterations; ++n) {
+#pragma GCC unroll 32
+        for (int i = 0; i < ACC; ++i)
+            acc[i] = acc[i] * mul + add;
+    }
+    float total = 0.0f;
+    for (int i = 0; i < ACC; ++i)
+        for (int j = 0; j < VBYTES / 4; ++j)
+            total += acc[i][j];
+    return total;
+}
+"""
+
+# Vector bytes and accumulators per ISA: enough chains to cover FMA latency x
+# throughput, few enough to stay in registers (32 zmm, 16 ymm/xmm).
+_PEAK_SHAPE = {"avx512": (64, 24), "avx2": (32, 12), "portable": (16, 12)}
+
+
+def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:
+    """Single-thread f32 GFLOP/s of independent FMA chains (best of `runs`)."""
+    vbytes, accumulators = _PEAK_SHAPE[isa]
+    with tempfile.TemporaryDirectory(prefix="convgrad-bench-peak-") as tmp:
+        source = Path(tmp) / "peak.c"
+        source.write_text(f"#define VBYTES {vbytes}\n#define ACC {accumulators}\n"
+                          + _PEAK_SOURCE)
+        library = Path(tmp) / "peak.so"
+        compile_objects([source], library, isa)
+        ffi = cffi.FFI()
+        ffi.cdef("double convgrad_bench_fma(long, float);")
+        function = ffi.dlopen(str(library)).convgrad_bench_fma
+    flops_per_iteration = 2 * accumulators * vbytes // 4
+    iterations = 100_000
+    while True:  # calibrate to about `seconds` a run
+        begin = time.perf_counter()
+        function(iterations, 0.999)
+        elapsed = time.perf_counter() - begin
+        if elapsed >= seconds / 4:
+            break
+        iterations *= 4
+    iterations = max(1, int(iterations * seconds / elapsed))
+    best = 0.0
+    for _ in range(runs):
+        begin = time.perf_counter()
+        function(iterations, 0.999)
+        best = max(best, iterations * flops_per_iteration / (time.perf_counter() - begin))
+    return best / 1e9
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8",
+                                            errors="replace") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_info(peak: float) -> dict:
+    return {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "isa": selected_isa(),
+        "peak_f32_gflops_per_core": round(peak, 2),
+        "torch": torch.__version__,
+        "torch_mkldnn": bool(torch.backends.mkldnn.is_available()),
+        "convgrad_generator": generator_version(),
+        "compiler": compiler_identity().splitlines()[0],
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# --------------------------------------------------------------------------- timing
+
+def timed_pair(functions: Sequence[Callable[[], object]], min_time: float,
+               min_repeats: int = 3, block_time: float = 0.05) -> list[tuple[float, int]]:
+    """(median seconds, calls) of each function, until each ran `min_repeats` timed
+    calls and `min_time` seconds in total.
+
+    The functions take turns in blocks of calls (so a change of machine load hits all
+    alike), and the first call of a block is not counted: PyTorch bundles its own
+    OpenMP runtime, whose idle threads spin for a while after each call and would slow
+    down the first call of the other library on a 2-core machine (and ours do the
+    same to PyTorch)."""
+    times: list[list[float]] = [[] for _ in functions]
+    while True:
+        pending = [i for i, t in enumerate(times) if len(t) < min_repeats or sum(t) < min_time]
+        if not pending:
+            return [(statistics.median(t), len(t)) for t in times]
+        for i in pending:
+            block_start, calls = time.perf_counter(), 0
+            while calls < 2 or time.perf_counter() - block_start < block_time:
+                begin = time.perf_counter()
+                functions[i]()
+                if calls:
+                    times[i].append(time.perf_counter() - begin)
+                calls += 1
+
+
+# --------------------------------------------------------------------------- cases
+
+@dataclass
+class Row:
+    """One (layer, op, threads) measurement; the CSV columns."""
+
+    shape_set: str
+    layer: str
+    op: str
+    threads: int
+    batch: int
+    dtype: str
+    data_format: str
+    flops: int
+    ours_ms: float | None = None
+    ours_gflops: float | None = None
+    ours_calls: int = 0
+    torch_ms: float | None = None
+    torch_gflops: float | None = None
+    torch_calls: int = 0
+    ratio: float | None = None  # ours GFLOP/s / torch GFLOP/s
+    ours_pct_peak: float | None = None
+    torch_pct_peak: float | None = None
+    first_call_ms: float | None = None  # render + compile (or cache load) + one run
+    kernel_origin: str = ""
+    ours_inputs: str = ""  # convgrad's input shapes, in its layouts
+    torch_grad_output: str = ""  # (N, C, *X)
+    torch_shape_differs: bool = False  # asymmetric pads: PyTorch ran pads_begin on both ends
+    torch_flops: int | None = None
+    torch_layout: str = ""
+    max_rel_err: float | None = None  # vs PyTorch on the same data (same shapes only)
+    note: str = ""
+
+
+@dataclass
+class Case:
+    """One layer of one op, ready to run at any thread count."""
+
+    layer: Layer
+    ours: Callable[[int], np.ndarray]
+    torch_call: Callable[[], object] | None
+    template: Row
+
+
+def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
+            rng: np.random.Generator) -> Case:
+    """Arrays, tensors and calls of one layer; both sides get the same data where
+    the problems have the same shapes."""
+    (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch, dtype=args.dtype,
+                           data_format=args.data_format)
+    dtype = api.DTYPE_BY_NAME[args.dtype]
+    a, b = (rng.standard_normal(shape, dtype=np.float32).astype(dtype)
+            for shape in layer.inputs[:2])
+    shape_input = list(layer.inputs[2])
+
+    def ours(threads: int) -> np.ndarray:
+        return api.execute(layer.op, [a, b, shape_input], layer.attrs, num_threads=threads)
+
+    sized = replace(conv, batch=args.batch)
+    rank = len(conv.kernel)
+    dst = torch_dst(conv)
+    differs = dst != conv.dst
+    fmt, layout = memory_format(rank, args.data_format)
+    n, g = args.batch, conv.groups
+    grad_output_shape = (n, conv.out_channels, *dst)
+    row = Row(shape_set, conv.name, op, 0, args.batch, args.dtype, args.data_format,
+              sized.flops, ours_inputs=" ".join(str(tuple(s)) for s in layer.inputs[:2]),
+              torch_grad_output=str(grad_output_shape), torch_shape_differs=differs,
+              torch_layout=layout)
+    if differs:
+        row.note = "torch: symmetric pads_begin, other output size"
+    if min(dst) < 1:
+        row.note = "torch: no output with symmetric pads_begin; not run"
+        return Case(layer, ours, None, row)
+    row.torch_flops = replace(sized, dst=dst).flops
+
+    generator = torch.Generator().manual_seed(0)
+    tdtype = torch_dtype(args.dtype)
+
+    def random(shape: tuple[int, ...]) -> torch.Tensor:
+        values = torch.randn(shape, generator=generator, dtype=torch.float32)
+        return values.to(tdtype).contiguous(memory_format=fmt)
+
+    weights_format = layer.attrs["weights_format"]
+    weight_shape = (conv.out_channels, conv.in_channels // g, *conv.kernel)
+    src_shape = (n, conv.in_channels, *conv.src)
+    if op == "data":  # a: diff_dst, b: weights
+        grad_output = random(grad_output_shape) if differs else data_to_torch(
+            a, args.data_format, fmt)
+        weight = weights_to_torch(b, weights_format, fmt)
+        source = random(src_shape)
+        mask, index = [True, False, False], 0
+    else:  # a: src, b: diff_dst
+        source = data_to_torch(a, args.data_format, fmt)
+        grad_output = random(grad_output_shape) if differs else data_to_torch(
+            b, args.data_format, fmt)
+        weight = random(weight_shape)
+        mask, index = [False, True, False], 1
+
+    def torch_call() -> object:
+        return torch.ops.aten.convolution_backward(
+            grad_output, source, weight, None, list(conv.strides), list(conv.pads_begin),
+            list(conv.dilations), False, [0] * rank, g, mask)[index]
+
+    return Case(layer, ours, torch_call, row)
+
+
+def compare(case: Case, ours: np.ndarray, theirs: torch.Tensor, data_format: str) -> float:
+    """Largest |convgrad - PyTorch| relative to the largest |PyTorch| value."""
+    if case.template.op == "data":
+        expected = data_from_torch(theirs, data_format)
+    else:
+        expected = weights_from_torch(theirs, case.layer.attrs["weights_format"])
+    actual = ours.astype(np.float32)
+    if actual.shape != expected.shape:
+        return math.inf
+    scale = float(np.max(np.abs(expected))) or 1.0
+    return float(np.max(np.abs(actual - expected))) / scale
+
+
+def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
+             peak: float) -> list[Row]:
+    """Times one case at every thread count (the first convgrad call separately)."""
+    template = case.template
+    begin = time.perf_counter()
+    result = case.ours(threads[0])
+    template.first_call_ms = (time.perf_counter() - begin) * 1e3
+    config = case.layer.resolve().config.with_isa(selected_isa())
+    template.kernel_origin = kernels.get_kernel(config).origin
+    if case.torch_call is not None:
+        torch.set_num_threads(threads[0])
+        try:
+            theirs = case.torch_call()
+        except RuntimeError as error:  # e.g. a dtype PyTorch's CPU backend lacks
+            template.note = f"torch failed: {str(error).splitlines()[0][:80]}"
+            case.torch_call = None
+        else:
+            if not template.torch_shape_differs:
+                template.max_rel_err = compare(case, result, theirs, args.data_format)
+                if template.max_rel_err > TOLERANCE[args.dtype]:
+                    template.note = f"MISMATCH vs torch (rel err {template.max_rel_err:.2g})"
+    rows = []
+    for count in threads:
+        row = replace(template, threads=count)
+        api.set_num_threads(count)
+        torch.set_num_threads(count)
+        calls: list[Callable[[], object]] = [lambda count=count: case.ours(count)]
+        if case.torch_call is not None:
+            calls.append(case.torch_call)
+        for call in calls:  # warm up at this thread count
+            call()
+        timings = timed_pair(calls, args.min_time)
+        row.ours_ms, row.ours_calls = timings[0][0] * 1e3, timings[0][1]
+        row.ours_gflops = row.flops / timings[0][0] / 1e9
+        row.ours_pct_peak = 100 * row.ours_gflops / (peak * count)
+        if case.torch_call is not None:
+            row.torch_ms, row.torch_calls = timings[1][0] * 1e3, timings[1][1]
+            row.torch_gflops = row.torch_flops / timings[1][0] / 1e9
+            row.torch_pct_peak = 100 * row.torch_gflops / (peak * count)
+            row.ratio = row.ours_gflops / row.torch_gflops
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- overheads
+
+def measure_call_overhead(args: argparse.Namespace, calls: int = 2000
+                          ) -> tuple[dict, KernelConfig]:
+    """Median microseconds of one call on a tiny problem (1 thread), both libraries,
+    and the KernelConfig of convgrad's kernel for it."""
+    tiny_args = argparse.Namespace(**{**vars(args), "batch": 1})
+    case = prepare(TINY, "data", "overhead", tiny_args, np.random.default_rng(1))
+    api.set_num_threads(1)
+    torch.set_num_threads(1)
+    ours = case.ours
+    result = {}
+    for name, call in (("ours", lambda: ours(1)), ("torch", case.torch_call)):
+        for _ in range(50):
+            call()
+        samples = []
+        for _ in range(calls):
+            begin = time.perf_counter()
+            call()
+            samples.append(time.perf_counter() - begin)
+        result[f"{name}_tiny_call_us"] = round(statistics.median(samples) * 1e6, 2)
+    result["tiny_problem"] = (f"ConvolutionBackwardData 1x1, N=1, 4x4, 16->16 channels, "
+                              f"{args.dtype} {args.data_format}, 1 thread")
+    config = case.layer.resolve().config.with_isa(selected_isa())
+    return result, config
+
+
+_LOAD_SNIPPET = """
+import json, sys, time
+from codegen import KernelConfig
+from runtime import kernels
+config = KernelConfig.from_dict(json.loads(sys.argv[1]))
+begin = time.perf_counter()
+kernel = kernels.get_kernel(config)
+print(json.dumps({"ms": (time.perf_counter() - begin) * 1e3, "origin": kernel.origin}))
+"""
+
+
+def measure_cached_load(config: KernelConfig, processes: int = 3) -> dict:
+    """Milliseconds for a fresh process to get a kernel that is in the disk cache
+    (cache key with the compiler's identity, digest check, dlopen), median of
+    `processes` processes."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    samples, origin = [], ""
+    for _ in range(processes):
+        out = subprocess.run([sys.executable, "-c", _LOAD_SNIPPET,
+                              json.dumps(config.to_dict())], capture_output=True, text=True,
+                             check=True, env=env, cwd=ROOT).stdout
+        record = json.loads(out.strip().splitlines()[-1])
+        samples.append(record["ms"])
+        origin = record["origin"]
+    return {"cached_load_ms": round(statistics.median(samples), 2),
+            "cached_load_origin": origin}
+
+
+# --------------------------------------------------------------------------- reports
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(rows: list[Row]) -> str:
+    header = ["layer", "op", "threads", "ours GFLOP/s", "torch GFLOP/s", "ratio",
+              "ours % peak", "first call ms", "note"]
+    lines = [[r.layer, r.op, str(r.threads), _fmt(r.ours_gflops, 2), _fmt(r.torch_gflops, 2),
+              _fmt(r.ratio, 3), _fmt(r.ours_pct_peak, 1), _fmt(r.first_call_ms, 0), r.note]
+             for r in rows]
+    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
+    text = ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
+            for line in [header, *lines]]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+def geomeans(rows: list[Row]) -> list[dict]:
+    """Geometric mean of the ratios per (op, threads)."""
+    groups: dict[tuple[str, int], list[float]] = {}
+    for row in rows:
+        if row.ratio:
+            groups.setdefault((row.op, row.threads), []).append(row.ratio)
+    return [{"op": op, "threads": threads, "layers": len(ratios),
+             "geomean_ratio": math.exp(statistics.fmean(math.log(r) for r in ratios))}
+            for (op, threads), ratios in sorted(groups.items())]
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[field.name for field in fields(Row)])
+        writer.writeheader()
+        writer.writerows(asdict(row) for row in rows)
+
+
+def plot(rows: list[Row], means: list[dict], path: Path, title: str) -> bool:
+    """Ratio per layer, one bar per (op, threads), log scale, a line at 1.0.
+    False when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = list(dict.fromkeys((r.shape_set, r.layer) for r in rows))
+    series = list(dict.fromkeys((r.op, r.threads) for r in rows))
+    mean_of = {(m["op"], m["threads"]): m["geomean_ratio"] for m in means}
+    width = 0.8 / max(1, len(series))
+    figure, axes = plt.subplots(figsize=(max(8.0, 0.5 * len(layers) * max(1, len(series))
+                                             ** 0.5 + 2), 5.5))
+    for s, (op, threads) in enumerate(series):
+        ratio = {(r.shape_set, r.layer): r.ratio for r in rows
+                 if (r.op, r.threads) == (op, threads) and r.ratio}
+        xs = [i + (s - (len(series) - 1) / 2) * width
+              for i, key in enumerate(layers) if key in ratio]
+        ys = [ratio[key] for key in layers if key in ratio]
+        mean = mean_of.get((op, threads))
+        label = f"{op}, {threads} thread{'s' if threads > 1 else ''}" + (
+            f" (geomean {mean:.3g})" if mean else "")
+        axes.bar(xs, ys, width=width, label=label)
+    axes.axhline(1.0, color="black", linewidth=1)
+    axes.set_yscale("log")
+    axes.set_xticks(range(len(layers)))
+    axes.set_xticklabels([name for _, name in layers], rotation=60, ha="right", fontsize=8)
+    axes.set_ylabel("convgrad GFLOP/s / PyTorch GFLOP/s")
+    axes.set_title(title, fontsize=10)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+# --------------------------------------------------------------------------- main
+
+@contextlib.contextmanager
+def environment(updates: dict[str, str]) -> Iterator[None]:
+    """Sets environment variables and forgets loaded kernels; restores both after."""
+    saved = {key: os.environ.get(key) for key in updates}
+    os.environ.update(updates)
+    kernels.reset()
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        kernels.reset()
+
+
+def _int_list(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, e.g. 1,2")
+    return values
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", default="resnet50", choices=[*SETS, "all"],
+                        help="shape set (default resnet50)")
+    parser.add_argument("--ops", default="data,weights",
+                        help="comma-separated: data (ConvolutionBackwardData), weights "
+                             "(ConvolutionBackwardWeights); default data,weights")
+    parser.add_argument("--threads", type=_int_list, default=[1, 2],
+                        help="comma-separated thread counts (default 1,2)")
+    parser.add_argument("--batch", type=int, default=8, help="batch, overrides mb (default 8)")
+    parser.add_argument("--dtype", default="f32", choices=DTYPES)
+    parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"],
+                        help="NXC: PyTorch channels_last; NCX: contiguous (default NXC)")
+    parser.add_argument("--min-time", type=float, default=0.3,
+                        help="seconds of calls per timing, at least 3 calls (default 0.3)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="only the first N shapes of each set")
+    parser.add_argument("--keep-cache", action="store_true",
+                        help="use the usual kernel cache (CONVGRAD_CACHE_DIR) instead of a "
+                             "fresh temporary one, so first calls may be cache loads")
+    parser.add_argument("--aot", action="store_true",
+                        help="let the runtime use ahead-of-time kernels (CONVGRAD_AOT_PATH "
+                             "or generated/); by default they are ignored")
+    parser.add_argument("--shapes-dir", type=Path, default=DEFAULT_SHAPES_DIR,
+                        help=f"benchdnn shape files (default {DEFAULT_SHAPES_DIR})")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"results folder (default {DEFAULT_OUT})")
+    args = parser.parse_args(argv)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    if not ops or any(o not in OPS for o in ops):
+        parser.error(f"--ops {args.ops!r}: expected a comma-separated subset of {list(OPS)}")
+    args.ops = list(dict.fromkeys(ops))
+    if args.batch < 1 or (args.limit is not None and args.limit < 1) or args.min_time < 0:
+        parser.error("--batch and --limit must be positive, --min-time not negative")
+    if torch is None:
+        parser.error("PyTorch is not installed: pip install -e '.[bench]'")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sets = list(SETS) if args.set == "all" else [args.set]
+    shapes: list[tuple[str, ConvShape]] = []
+    for name in sets:
+        convs = load_set(name, args.shapes_dir, args.limit)
+        if convs is None:
+            print(f"skipping set {name}: {args.shapes_dir / SETS[name][0]} not found",
+                  file=sys.stderr)
+            continue
+        shapes += [(name, conv) for conv in convs]
+    if not shapes:
+        print("no shapes to run", file=sys.stderr)
+        return 1
+
+    saved_torch_threads = torch.get_num_threads()
+    with contextlib.ExitStack() as stack:
+        updates = {} if args.aot else {"CONVGRAD_AOT_PATH": ""}
+        if not args.keep_cache:
+            updates["CONVGRAD_CACHE_DIR"] = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="convgrad-bench-cache-"))
+        stack.enter_context(environment(updates))
+        stack.callback(api.set_num_threads, None)
+        stack.callback(torch.set_num_threads, saved_torch_threads)
+
+        isa = available_isas()[0]
+        peak = measure_peak(isa)
+        machine = machine_info(peak)
+        print(f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; convgrad "
+              f"{machine['convgrad_generator']} ({machine['isa']}), torch {machine['torch']}")
+        print(f"f32 FMA peak ({isa}, 1 thread): {peak:.1f} GFLOP/s per core")
+        overhead, tiny_config = measure_call_overhead(args)
+        overhead.update(measure_cached_load(tiny_config))
+        print(f"call on a tiny problem: convgrad {overhead['ours_tiny_call_us']:.1f} us, "
+              f"torch {overhead['torch_tiny_call_us']:.1f} us; cached kernel load in a "
+              f"fresh process: {overhead['cached_load_ms']:.1f} ms "
+              f"({overhead['cached_load_origin']})")
+        print(f"{len(shapes)} shapes x ops {','.join(args.ops)} x threads "
+              f"{','.join(map(str, args.threads))}; batch {args.batch}, {args.dtype}, "
+              f"{args.data_format}; ratio = convgrad GFLOP/s / PyTorch GFLOP/s\n", flush=True)
+
+        rng = np.random.default_rng(0)
+        rows: list[Row] = []
+        for shape_set, conv in shapes:
+            for op in args.ops:
+                case = prepare(conv, op, shape_set, args, rng)
+                rows += run_case(case, args.threads, args, peak)
+                for row in rows[-len(args.threads):]:
+                    print(f"  {row.layer} {row.op} x{row.threads}: ours "
+                          f"{_fmt(row.ours_gflops, 2)}, torch {_fmt(row.torch_gflops, 2)} "
+                          f"GFLOP/s", file=sys.stderr, flush=True)
+
+    means = geomeans(rows)
+    print(table(rows))
+    print("\ngeometric mean of ratios (convgrad / PyTorch):")
+    for m in means:
+        print(f"  {m['op']:8} {m['threads']} thread(s): {m['geomean_ratio']:.3f} "
+              f"over {m['layers']} layers")
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, args.out / "results.csv")
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    (args.out / "results.json").write_text(json.dumps(
+        {"machine": machine, "settings": settings, "overhead": overhead,
+         "geomean": means, "rows": [asdict(r) for r in rows]}, indent=1))
+    title = (f"convgrad vs PyTorch {machine['torch']}: {args.set}, batch {args.batch}, "
+             f"{args.dtype} {args.data_format}, {machine['cpu']}")
+    written = ["results.csv", "results.json"]
+    if plot(rows, means, args.out / "results.png", title):
+        written.append("results.png")
+    else:
+        print("matplotlib is not installed: no plot (pip install -e '.[bench]')",
+              file=sys.stderr)
+    print(f"\nwrote {', '.join(written)} to {args.out}")
+    mismatches = [r for r in rows if r.note.startswith("MISMATCH")]
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
