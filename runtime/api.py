@@ -96,13 +96,20 @@ class _Unfrozen(Exception):
     pass
 
 
+_TAG = object()  # starts every tagged value; no user value freezes to it
+
+
 def _freeze(value):
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, *map(_freeze, value))
+    kind = type(value)
+    if kind is int or kind is str:  # the common case; bool and float are tagged below
+        return value
+    if kind is list or kind is tuple:  # resolve reads lists and tuples alike
+        return tuple(map(_freeze, value))
     if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.shape, *map(_freeze, value.ravel().tolist()))
+        return (_TAG, "ndarray", value.dtype.str, value.shape,
+                *map(_freeze, value.ravel().tolist()))
     if value is None or isinstance(value, bool | int | float | str | np.generic):
-        return (type(value).__name__, value)
+        return (_TAG, kind.__name__, value)
     raise _Unfrozen
 
 
@@ -111,7 +118,7 @@ def _plan(op: str, a_shape, b_shape, attrs: Mapping, shape_input, dtype: str):
     isa = selected_isa()
     try:
         key = (op, a_shape, b_shape, dtype, isa, _freeze(shape_input),
-               tuple(sorted((k, _freeze(v)) for k, v in attrs.items())))
+               tuple([(k, _freeze(v)) for k, v in attrs.items()]))
     except (_Unfrozen, TypeError):  # unusual values: resolve validates them
         key = None
     plan = _plans.get(key) if key is not None else None

@@ -811,3 +811,18 @@ def test_fuzz_execute(call):
     assert result.size == 0
     assert result.shape == runtime.infer_shape(op, [x.shape for x in inputs[:2]]
                                                + list(inputs[2:]), attrs)
+
+
+def test_cached_valid_call_never_accepts_a_lookalike_invalid_one():
+    """Resolved calls are memoised by their arguments: values that compare equal in
+    Python (2 and 2.0, 1 and True, a numpy integer and a list) must not share entries."""
+    import runtime
+    dd = np.ones((1, 4, 4, 2), np.float32)
+    w = np.ones((1, 1, 2, 2), np.float32)
+    runtime.convolution_backward_data(dd, w, strides=2)
+    runtime.convolution_backward_data(dd, w, strides=np.int64(2))
+    runtime.convolution_backward_data(dd, w, groups=1)
+    for bad in ({"strides": 2.0}, {"strides": ["int64", 2]}, {"groups": True},
+                {"strides": [2.0, 2]}):
+        with pytest.raises(TypeError):
+            runtime.convolution_backward_data(dd, w, **bad)
