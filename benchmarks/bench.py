@@ -557,6 +557,7 @@ def plot(rows: list[Row], means: list[dict], path: Path, title: str) -> bool:
         return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     layers = list(dict.fromkeys((r.shape_set, r.layer) for r in rows))
     series = list(dict.fromkeys((r.op, r.threads) for r in rows))
@@ -576,6 +577,9 @@ def plot(rows: list[Row], means: list[dict], path: Path, title: str) -> bool:
         axes.bar(xs, ys, width=width, label=label)
     axes.axhline(1.0, color="black", linewidth=1)
     axes.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    axes.yaxis.set_major_formatter(plain)
+    axes.yaxis.set_minor_formatter(plain)
     axes.set_xticks(range(len(layers)))
     axes.set_xticklabels([name for _, name in layers], rotation=60, ha="right", fontsize=8)
     axes.set_ylabel("convgrad GFLOP/s / PyTorch GFLOP/s")
