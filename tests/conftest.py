@@ -18,3 +18,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty kernel cache of the test's own, and no kernel loaded in this process."""
+    from runtime import kernels
+
+    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    kernels.reset()
+    yield tmp_path / "cache"
+    kernels.reset()

@@ -19,7 +19,7 @@ from cases import make_case
 from test_ops import assert_exact
 
 import runtime
-from runtime import cache, kernels
+from runtime import cache
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,14 +94,6 @@ def test_process_killed_while_compiling_leaves_a_usable_cache(tmp_path):
                            env=_child_env(tmp_path, _spy(fast)), cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
     assert again.stdout == result.stdout and _compiles(fast) == 1
-
-
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "cache"))
-    kernels.reset()
-    yield tmp_path / "cache"
-    kernels.reset()
 
 
 def test_sixteen_threads_call_kernels_concurrently(fresh_cache):

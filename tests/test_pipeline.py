@@ -22,14 +22,6 @@ from runtime.cpu import selected_isa
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
-def fresh_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "cache"))
-    kernels.reset()
-    yield tmp_path / "cache"
-    kernels.reset()
-
-
 def _case(seed=0):
     return make_case("ConvolutionBackwardData", spatial=(5, 4), kernel=(3, 3),
                      in_channels=3, out_channels=5, attrs=dict(strides=2, pads_begin=1),
