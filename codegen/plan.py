@@ -94,10 +94,18 @@ def weight_tiles(config: KernelConfig) -> dict:
     vectors = -(-config.cout_per_group // lanes)
     block = min(vectors, MAX_VECTOR_BLOCK[config.isa])
     last = vectors - (-(-vectors // block) - 1) * block
-    rows = max(1, min(config.cin_per_group, ACCUMULATORS[config.isa] // block))
-    rows_last = config.cin_per_group - (-(-config.cin_per_group // rows) - 1) * rows
+    budget = ACCUMULATORS[config.isa] // block
+    channels = config.cin_per_group
+    # Few input channels: tile rows over (kw, channel) pairs fill the registers.
+    flatten_w = 2 * channels <= budget and config.kernel[-1] > 1
+    if flatten_w:
+        rows, total = channels * (budget // channels), channels * config.kernel[-1]
+    else:
+        rows, total = max(1, min(channels, budget)), channels
+    rows = min(rows, total)
+    rows_last = total - (-(-total // rows) - 1) * rows
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
-    return {"tile_rows": rows, "vec_block": block, "tiles": tiles}
+    return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w}
 
 
 def depthwise_weight_rows(config: KernelConfig) -> dict:
