@@ -49,6 +49,19 @@ class OpSpec:
     def weights_formats(self) -> tuple[str, str]:
         return ("IOX", "XOI") if self.transpose else ("OIX", "XIO")
 
+    @property
+    def defaults(self) -> dict:
+        """Every attribute's value when it is not given (SEMANTICS.md)."""
+        values = {**ATTRIBUTE_DEFAULTS, self.weights_attr: self.weights_formats[1]}
+        if self.shape_name:
+            values[self.shape_name] = None
+        return {name: values[name] for name in self.attributes}
+
+
+ATTRIBUTE_DEFAULTS = {"strides": 1, "pads_begin": 0, "pads_end": 0, "dilations": 1,
+                      "auto_pad": "none", "output_padding": 0, "groups": 1,
+                      "data_format": "NXC"}
+
 
 OPS: dict[str, OpSpec] = {
     spec.kind: spec
@@ -175,35 +188,33 @@ def _normalize(spec: OpSpec, attrs: Mapping, rank: int) -> _Attrs:
     unknown = sorted(set(attrs) - set(spec.attributes), key=repr)
     if unknown:
         _fail(op, "attribute", unknown[0], f"one of {list(spec.attributes)}")
-    auto_pad = attrs.get("auto_pad", "none")
+    given = {**spec.defaults, **attrs}
+    auto_pad = given["auto_pad"]
     if not isinstance(auto_pad, str):
         _fail(op, "auto_pad", auto_pad, f"one of {sorted(AUTO_PAD)}", TypeError)
     if auto_pad.lower() not in AUTO_PAD:
         _fail(op, "auto_pad", auto_pad, "none, explicit, same_upper, same_lower or valid")
-    strides = _per_axis(op, "strides", attrs.get("strides", 1), rank, 1)
-    dilations = _per_axis(op, "dilations", attrs.get("dilations", 1), rank, 1)
-    output_padding = _per_axis(op, "output_padding", attrs.get("output_padding", 0), rank, 0)
+    strides = _per_axis(op, "strides", given["strides"], rank, 1)
+    dilations = _per_axis(op, "dilations", given["dilations"], rank, 1)
+    output_padding = _per_axis(op, "output_padding", given.get("output_padding", 0), rank, 0)
     for axis, (p, s, d) in enumerate(zip(output_padding, strides, dilations, strict=True)):
         if p >= max(s, d):
             _fail(op, "output_padding", list(output_padding),
                   f"each value below the stride or the dilation of its axis "
                   f"(axis {axis}: stride {s}, dilation {d})")
-    groups = _integer(op, "groups", attrs.get("groups", 1))
+    groups = _integer(op, "groups", given["groups"])
     if not 1 <= groups <= MAX_EXTENT:
         _fail(op, "groups", groups, "a positive integer")
-    default_weights = spec.weights_formats[1]
     return _Attrs(
         strides=strides,
         dilations=dilations,
-        pads_begin=_per_axis(op, "pads_begin", attrs.get("pads_begin", 0), rank, 0),
-        pads_end=_per_axis(op, "pads_end", attrs.get("pads_end", 0), rank, 0),
+        pads_begin=_per_axis(op, "pads_begin", given["pads_begin"], rank, 0),
+        pads_end=_per_axis(op, "pads_end", given["pads_end"], rank, 0),
         auto_pad=AUTO_PAD[auto_pad.lower()],
         output_padding=output_padding,
         groups=groups,
-        data_format=_choice(op, "data_format", attrs.get("data_format", "NXC"),
-                            ("NXC", "NCX")),
-        weights_format=_choice(op, spec.weights_attr,
-                               attrs.get(spec.weights_attr, default_weights),
+        data_format=_choice(op, "data_format", given["data_format"], ("NXC", "NCX")),
+        weights_format=_choice(op, spec.weights_attr, given[spec.weights_attr],
                                spec.weights_formats),
     )
 

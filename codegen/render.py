@@ -49,6 +49,11 @@ def render(config: KernelConfig) -> str:
     return template.render(**render_context(config, generator_version()))
 
 
+def render_dims_declaration() -> str:
+    """The C declaration of `convgrad_dims`, as the kernels spell it (for cffi)."""
+    return _environment().get_template("dims_struct.h.j2").render()
+
+
 def render_header(configs: list[KernelConfig], aliases: dict[str, str] | None = None) -> str:
     """A C header declaring the given kernels (for AOT builds), and for each layer name
     in `aliases` (C identifier -> kernel name) macros naming its kernel."""

@@ -65,21 +65,32 @@ def read_layers(paths: list[Path], *, ops=DEFAULT_OPS, dtype="f32", data_format=
     """Layers of JSON files (*.json), ONNX models (*.onnx: the gradient ops of every
     Conv and ConvTranspose node) and benchdnn descriptor files (anything else); the
     built-in ResNet-50 list when `paths` is empty."""
-    texts = [(p.name, p.read_text()) for p in paths if p.suffix not in (".json", ".onnx")]
-    layers = []
-    for p in paths:
-        if p.suffix == ".json":
-            layers += load_json(p)
-        elif p.suffix == ".onnx":
-            layers += load_onnx(p, dtype=dtype, batch=batch, data_format=data_format)
+
+    def benchdnn(text: str) -> list[Layer]:
+        return [layer for conv in parse_benchdnn(text)
+                for layer in conv_layers(conv, ops, batch=batch, dtype=dtype,
+                                         data_format=data_format,
+                                         weights_format=weights_format)]
+
     if not paths:
-        source = resources.files("codegen") / "data" / BUILTIN_SHAPES
-        texts = [(BUILTIN_SHAPES, source.read_text())]
-    for _, text in texts:
-        for conv in parse_benchdnn(text):
-            layers += conv_layers(conv, ops, batch=batch, dtype=dtype, data_format=data_format,
-                                  weights_format=weights_format)
+        return benchdnn((resources.files("codegen") / "data" / BUILTIN_SHAPES).read_text())
+    layers = []
+    for path in paths:
+        if path.suffix == ".json":
+            layers += load_json(path)
+        elif path.suffix == ".onnx":
+            layers += load_onnx(path, dtype=dtype, batch=batch, data_format=data_format)
+        else:
+            layers += benchdnn(path.read_text())
     return layers
+
+
+def kernels_of(layers: list[Layer], isa: str) -> dict[KernelConfig, list[Layer]]:
+    """The distinct kernels the layers need, each with the layers that use it."""
+    configs: dict[KernelConfig, list[Layer]] = {}
+    for layer in layers:
+        configs.setdefault(layer.resolve().config.with_isa(isa), []).append(layer)
+    return configs
 
 
 def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
@@ -89,10 +100,7 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     The folder is written fully before its manifest, which is replaced
     atomically, so a reader never sees a manifest naming missing kernels."""
     started = time.perf_counter()
-    configs: dict[KernelConfig, list[Layer]] = {}
-    for layer in layers:
-        config = layer.resolve().config.with_isa(isa)
-        configs.setdefault(config, []).append(layer)
+    configs = kernels_of(layers, isa)
     output.mkdir(parents=True, exist_ok=True)
     sources = output / "src"
     sources.mkdir(exist_ok=True)
@@ -284,10 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compiled {done}/{total} kernels", file=sys.stderr, flush=True)
 
     if args.no_build:
-        configs: dict[KernelConfig, list[Layer]] = {}
-        for layer in layers:
-            configs.setdefault(layer.resolve().config.with_isa(isa), []).append(layer)
-        seconds: dict[KernelConfig, float] = {}
+        configs, seconds = kernels_of(layers, isa), {}
     else:
         print(f"convgrad {generator_version()}: {len(layers)} layers, isa {isa}, "
               f"{args.jobs} jobs -> {args.output}", file=sys.stderr)

@@ -35,13 +35,22 @@ def _workspace(nbytes: int) -> np.ndarray:
     return buffer
 
 
+def _check_threads(where: str, count) -> None:
+    """A thread count must be a positive int (None: the default)."""
+    if count is None:
+        return
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise TypeError(f"{where}num_threads = {count!r} is invalid; expected a positive "
+                        "integer")
+    if count < 1:
+        raise ValueError(f"{where}num_threads = {count!r} is invalid; expected a positive "
+                         "integer")
+
+
 def set_num_threads(count: int | None) -> None:
     """Threads every kernel call uses unless the call says otherwise (None: default)."""
     global _num_threads
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
-        raise TypeError(f"num_threads = {count!r} is invalid; expected a positive integer")
-    if count is not None and count < 1:
-        raise ValueError(f"num_threads = {count!r} is invalid; expected a positive integer")
+    _check_threads("", count)
     _num_threads = count or 0
 
 
@@ -140,13 +149,7 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
         raise ValueError(f"execute: op_kind = {op_kind!r} is invalid; expected one of "
                          f"{list(OPS)}")
     op = spec.kind
-    if num_threads is not None:
-        if isinstance(num_threads, bool) or not isinstance(num_threads, int):
-            raise TypeError(f"{op}: num_threads = {num_threads!r} is invalid; expected a "
-                            "positive integer")
-        if num_threads < 1:
-            raise ValueError(f"{op}: num_threads = {num_threads!r} is invalid; expected a "
-                             "positive integer")
+    _check_threads(f"{op}: ", num_threads)
     limit = 3 if spec.shape_name else 2
     if not 2 <= len(inputs) <= limit:
         raise ValueError(f"{op}: {len(inputs)} inputs given; expected {spec.inputs} "
@@ -218,11 +221,6 @@ def infer_shape(op_kind: str, input_shapes: Sequence, attrs: Mapping | None = No
     return resolve(op_kind, shapes[:2], attrs or {}, shape_input).output_shape
 
 
-_ATTRIBUTE_DEFAULTS = {"strides": 1, "pads_begin": 0, "pads_end": 0, "dilations": 1,
-                       "auto_pad": "none", "output_padding": 0, "groups": 1,
-                       "data_format": "NXC"}
-
-
 def _op_function(kind: str):
     """Builds the public function of one op, keyword attributes and all."""
     spec = OPS[kind]
@@ -232,10 +230,7 @@ def _op_function(kind: str):
     if spec.shape_name:
         parameters.append(inspect.Parameter(f"{spec.shape_name}_input", positional,
                                             default=None))
-    for name in spec.attributes:
-        default = _ATTRIBUTE_DEFAULTS.get(name)
-        if name == spec.weights_attr:
-            default = spec.weights_formats[1]
+    for name, default in spec.defaults.items():
         parameters.append(inspect.Parameter(name, keyword, default=default))
     parameters += [inspect.Parameter("out", keyword, default=None),
                    inspect.Parameter("num_threads", keyword, default=None)]

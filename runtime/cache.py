@@ -129,8 +129,9 @@ def _touch(library: Path) -> None:
         os.utime(library.with_suffix(".json"))
 
 
-def build(config: KernelConfig) -> Path:
-    """Path of the kernel's shared library, compiling it if the cache has no valid one."""
+def build(config: KernelConfig) -> tuple[Path, bool]:
+    """Path of the kernel's shared library, compiled first if the cache has no valid
+    one, and whether this call compiled it."""
     folder = cache_dir()
     try:
         return _build_in(config, folder)
@@ -140,15 +141,15 @@ def build(config: KernelConfig) -> Path:
         return _build_in(config, _fallback_dir(configured_dir(), error.strerror))
 
 
-def _build_in(config: KernelConfig, folder: Path) -> Path:
+def _build_in(config: KernelConfig, folder: Path) -> tuple[Path, bool]:
     target = library_path(config, folder)
     if is_valid(target):
         log.debug("%s: found in cache %s", config.name, target)
         _touch(target)
-        return target
+        return target, False
     with _locked(target.with_suffix(".lock")):
         if is_valid(target):  # another process built it meanwhile
-            return target
+            return target, False
         started = time.perf_counter()
         source = render(config)
         with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
@@ -166,7 +167,7 @@ def _build_in(config: KernelConfig, folder: Path) -> Path:
         log.info("%s: compiled in %.2f s -> %s", config.name, time.perf_counter() - started,
                  target)
     evict(folder, keep=target)
-    return target
+    return target, True
 
 
 def entries(folder: Path) -> list[dict]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import cffi
 
 from codegen import KernelConfig, generator_version
+from codegen.render import render_dims_declaration
 from runtime import cache
 from runtime.cache import file_digest
 from runtime.compiler import CompilerNotFoundError
@@ -19,19 +20,10 @@ from runtime.cpu import available_isas, cpu_features
 
 log = logging.getLogger("convgrad")
 
-_CDEF = """
-typedef struct convgrad_dims {
-    int64_t batch;
-    int64_t src[3];
-    int64_t dst[3];
-    int64_t pads_begin[3];
-    int32_t num_threads;
-} convgrad_dims;
-"""
 STATUS = {1: "invalid run-time sizes", 2: "out of memory"}
 
 ffi = cffi.FFI()
-ffi.cdef(_CDEF)
+ffi.cdef(render_dims_declaration())  # the struct exactly as the kernels declare it
 _lock = threading.RLock()
 _declared: set[str] = set()
 _loaded: dict[KernelConfig, Kernel] = {}
@@ -91,8 +83,8 @@ def _read_manifests() -> dict[KernelConfig, Path]:
                 log.warning("ignoring %s: built by convgrad %s, this is %s", manifest,
                             data.get("generator_version"), generator_version())
                 continue
-            missing = sorted(set(data.get("cpu_features", [])) - cpu_features())
             if data.get("isa") not in available_isas():
+                missing = sorted(set(data.get("cpu_features", [])) - cpu_features())
                 _refused.append(f"{folder} was built for {data.get('isa')}, which this CPU "
                                 f"cannot run (it lacks {', '.join(missing) or 'that ISA'})")
                 log.warning("ignoring AOT kernels: %s", _refused[-1])
@@ -149,11 +141,10 @@ def _load(config: KernelConfig) -> Kernel:
             log.debug("%s: ahead-of-time kernel from %s", config.name, library)
             return Kernel(config.with_isa(isa), *functions, "aot", library)
     try:
-        fresh = not cache.is_valid(cache.library_path(config))
-        path = cache.build(config)
+        path, compiled = cache.build(config)
     except CompilerNotFoundError as error:
         if not _refused:
             raise
         raise CompilerNotFoundError(f"{error}; ahead-of-time kernels were skipped: "
                                     + "; ".join(_refused)) from None
-    return Kernel(config, *_bind(config, path), "compiled" if fresh else "cache", path)
+    return Kernel(config, *_bind(config, path), "compiled" if compiled else "cache", path)
