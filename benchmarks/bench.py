@@ -205,7 +205,7 @@ double convgrad_bench_fma(long iterations, float scale)
 
 # Vector bytes and accumulators per ISA: enough chains to cover FMA latency x
 # throughput, few enough to stay in registers (32 zmm, 16 ymm/xmm).
-_PEAK_SHAPE = {"avx512": (64, 24), "avx2": (32, 12), "portable": (16, 12)}
+_PEAK_SHAPE = {"avx512bf16": (64, 24), "avx512": (64, 24), "avx2": (32, 12), "portable": (16, 12)}
 
 
 def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:

@@ -20,7 +20,10 @@ FAMILIES = ("fwd", "bwd_data", "bwd_weights")
 DATA_FORMATS = ("NXC", "NCX")
 WEIGHTS_FORMATS = ("OIX", "XIO")  # in the forward-convolution problem's terms
 DTYPES = ("f32", "f16", "bf16")
-ISAS = ("portable", "avx2", "avx512")
+ISAS = ("portable", "avx2", "avx512", "avx512bf16")
+# ISA paths that add instructions for some dtypes only: for the other dtypes they are
+# their base path, so those kernels (and their cache entries) are shared.
+ISA_EXTENSIONS: dict[str, tuple[tuple[str, ...], str]] = {"avx512bf16": (("bf16",), "avx512")}
 
 
 @dataclass(frozen=True)
@@ -85,4 +88,7 @@ class KernelConfig:
         return cls(**fields)
 
     def with_isa(self, isa: str) -> KernelConfig:
-        return replace(self, isa=isa)
+        """This configuration on ISA path `isa`, or on its base path where `isa` adds
+        nothing for this dtype."""
+        dtypes, base = ISA_EXTENSIONS.get(isa, ((self.dtype,), isa))
+        return replace(self, isa=isa if self.dtype in dtypes else base)

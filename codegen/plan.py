@@ -12,16 +12,20 @@ from math import prod
 from codegen.config import ISAS, KernelConfig
 
 # CPU features (Linux /proc/cpuinfo names) each ISA path needs, best path first.
+_AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"})
 ISA_FEATURES: dict[str, frozenset[str]] = {
-    "avx512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}),
+    "avx512bf16": _AVX512 | {"avx512_bf16"},
+    "avx512": _AVX512,
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "portable": frozenset(),
 }
 
 # Target flags per ISA; the portable path is the compiler's baseline for the machine.
+_AVX512_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
+                 "-mf16c", "-mprefer-vector-width=512")
 ISA_FLAGS: dict[str, tuple[str, ...]] = {
-    "avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma",
-               "-mf16c", "-mprefer-vector-width=512"),
+    "avx512bf16": (*_AVX512_FLAGS, "-mavx512bf16"),
+    "avx512": _AVX512_FLAGS,
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": (),
 }
@@ -35,9 +39,9 @@ FAMILY_DOCS = {
 
 # f32 lanes of a vector, and how many accumulator vectors a tile may keep in
 # registers (32 zmm / 16 ymm or xmm, less the weight vectors and a broadcast).
-VECTOR_LANES = {"avx512": 16, "avx2": 8, "portable": 4}
-ACCUMULATORS = {"avx512": 27, "avx2": 12, "portable": 12}
-MAX_VECTOR_BLOCK = {"avx512": 4, "avx2": 3, "portable": 3}
+VECTOR_LANES = {"avx512bf16": 16, "avx512": 16, "avx2": 8, "portable": 4}
+ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12}
+MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3}
 MAX_TILE_ROWS = 14
 WEIGHT_CHUNK_BYTES = 256 * 1024
 
@@ -79,7 +83,8 @@ def direct_tiles(config: KernelConfig) -> dict:
     # Reduced channels per pass: that chunk's weights for every tap stay in L2.
     reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
     taps = prod(config.kernel)
-    chunk = max(16, WEIGHT_CHUNK_BYTES // (taps * block * lanes * 4))
+    elem_bytes = 2 if uses_bf16_dot(config) else 4
+    chunk = max(16, WEIGHT_CHUNK_BYTES // (taps * block * lanes * elem_bytes)) // 2 * 2
     return {"tile_rows": rows, "vec_block": block, "vec_last": last, "tiles": tiles,
             "reduce_chunk": min(reduced, chunk),
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
@@ -121,6 +126,12 @@ def depthwise_weight_rows(config: KernelConfig) -> dict:
             "max_unrolled_taps": MAX_UNROLLED_TAPS}
 
 
+def uses_bf16_dot(config: KernelConfig) -> bool:
+    """bf16 on a CPU with vdpbf16ps: the reductions multiply pairs of bf16 directly (the
+    depthwise kernels reduce over taps and pixels of one channel and stay f32)."""
+    return config.dtype == "bf16" and config.isa == "avx512bf16" and not is_depthwise(config)
+
+
 def _body(config: KernelConfig) -> dict:
     """The template that computes this configuration, and its tiles."""
     if config.family == "bwd_weights" and is_depthwise(config):
@@ -157,5 +168,6 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         else "",
         "isa": config.isa,
         "vl": VECTOR_LANES[config.isa],
+        "bf16_dot": uses_bf16_dot(config),
         **_body(config),
     }

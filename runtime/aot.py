@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from codegen import OPS, KernelConfig, generator_version, render
+from codegen.config import ISAS
 from codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
 from codegen.plan import ISA_FEATURES
 from codegen.render import render_header
@@ -251,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=None,
                         help="batch of benchdnn and ONNX layers (default: the file's mb or "
                              "the model's batch; required for a symbolic ONNX batch)")
-    parser.add_argument("--isa", default=None, choices=["avx512", "avx2", "portable"],
+    parser.add_argument("--isa", default=None, choices=ISAS[::-1],
                         help="target ISA (default: the best this machine runs); the manifest "
                              "records the CPU features it needs")
     parser.add_argument("--cc", default=None,
