@@ -64,6 +64,12 @@ def is_depthwise(config: KernelConfig) -> bool:
     return config.groups > 1 and config.cin_per_group == config.cout_per_group == 1
 
 
+def uses_bf16_dot(config: KernelConfig) -> bool:
+    """bf16 on a CPU with vdpbf16ps: the reductions multiply pairs of bf16 directly (the
+    depthwise kernels reduce over taps and pixels of one channel and stay f32)."""
+    return config.dtype == "bf16" and config.isa == "avx512bf16" and not is_depthwise(config)
+
+
 def direct_tiles(config: KernelConfig) -> dict:
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
@@ -102,9 +108,12 @@ def weight_tiles(config: KernelConfig) -> dict:
     budget = ACCUMULATORS[config.isa] // block
     channels = config.cin_per_group
     # Few input channels: tile rows over (kw, channel) pairs fill the registers.
-    flatten_w = 2 * channels <= budget and config.kernel[-1] > 1
+    flatten_w = 2 * channels <= budget and config.kernel[-1] > 1 and not uses_bf16_dot(config)
     if flatten_w:
         rows, total = channels * (budget // channels), channels * config.kernel[-1]
+    elif uses_bf16_dot(config):  # rows run over (kw, channel) of the pixel-pair copy of src
+        total = channels * config.kernel[-1]
+        rows = min(total, budget)
     else:
         rows, total = max(1, min(channels, budget)), channels
     rows = min(rows, total)
@@ -124,12 +133,6 @@ def depthwise_weight_rows(config: KernelConfig) -> dict:
     last = vectors - (-(-vectors // block) - 1) * block
     return {"vec_block": block, "vec_last": last, "row_vecs": sorted({block, last}),
             "max_unrolled_taps": MAX_UNROLLED_TAPS}
-
-
-def uses_bf16_dot(config: KernelConfig) -> bool:
-    """bf16 on a CPU with vdpbf16ps: the reductions multiply pairs of bf16 directly (the
-    depthwise kernels reduce over taps and pixels of one channel and stay f32)."""
-    return config.dtype == "bf16" and config.isa == "avx512bf16" and not is_depthwise(config)
 
 
 def _body(config: KernelConfig) -> dict:
