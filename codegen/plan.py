@@ -172,5 +172,9 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         "isa": config.isa,
         "vl": VECTOR_LANES[config.isa],
         "bf16_dot": uses_bf16_dot(config),
+        # f16/bf16 channels-last results: the last chunk's tiles round into the user's
+        # tensor, with no f32 pass over the whole result.
+        "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"
+        and config.family != "bwd_weights" and not is_depthwise(config),
         **_body(config),
     }

@@ -228,6 +228,19 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
     run_case(case)
 
 
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_reduced_channels_in_several_chunks(op, data_format, dtype):
+    """300 reduced channels over 7 taps take several passes over the image (the weight
+    chunk of one pass stays in L2), and stride 2 over a 1-row kernel leaves output rows
+    no tap reaches: the last pass must still write (and round) them."""
+    case = make_case(op, spatial=(3, 5), kernel=(1, 7), in_channels=64, out_channels=300,
+                     batch=1, data_format=data_format, dtype=dtype,
+                     attrs=dict(strides=[2, 1], pads_begin=[0, 3], pads_end=[0, 3]))
+    run_case(case)
+
+
 @pytest.mark.parametrize("isa", ISAS[1:])
 @pytest.mark.parametrize("op,rank,data_format,weights_format,dtype",
                          [g for g in GRID if g[4] != "f16" and g[2] == "NXC"])
