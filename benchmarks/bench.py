@@ -395,7 +395,7 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
             grad_output, source, weight, None, list(conv.strides), list(conv.pads_begin),
             list(conv.dilations), False, [0] * rank, g, mask)[index]
 
-    return Case(layer, ours, torch_call, row)
+    return Case(layer, ours, None if args.no_torch else torch_call, row)
 
 
 def compare(case: Case, ours: np.ndarray, theirs: torch.Tensor, data_format: str) -> float:
@@ -461,7 +461,7 @@ def measure_call_overhead(args: argparse.Namespace, calls: int = 2000
                           ) -> tuple[dict, KernelConfig]:
     """Median microseconds of one call on a tiny problem (1 thread), both libraries,
     and the KernelConfig of convgrad's kernel for it."""
-    tiny_args = argparse.Namespace(**{**vars(args), "batch": 1})
+    tiny_args = argparse.Namespace(**{**vars(args), "batch": 1, "no_torch": False})
     case = prepare(TINY, "data", "overhead", tiny_args, np.random.default_rng(1))
     api.set_num_threads(1)
     torch.set_num_threads(1)
@@ -641,6 +641,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--aot", action="store_true",
                         help="let the runtime use ahead-of-time kernels (CONVGRAD_AOT_PATH "
                              "or generated/); by default they are ignored")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="time convgrad only (PyTorch's CPU f16 weight gradient runs at "
+                             "~0.2 GFLOP/s: a full f16 set with it takes hours)")
     parser.add_argument("--shapes-dir", type=Path, default=DEFAULT_SHAPES_DIR,
                         help=f"benchdnn shape files (default {DEFAULT_SHAPES_DIR})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
