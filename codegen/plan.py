@@ -172,6 +172,9 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         "isa": config.isa,
         "vl": VECTOR_LANES[config.isa],
         "bf16_dot": uses_bf16_dot(config),
+        "regroup_pixels": config.family == "bwd_weights" and config.data_format == "NXC"
+        and not is_depthwise(config) and all(k == 1 for k in config.kernel)
+        and all(s == 1 for s in config.strides),
         # f16/bf16 channels-last results: the last chunk's tiles round into the user's
         # tensor, with no f32 pass over the whole result.
         "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"

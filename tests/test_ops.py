@@ -89,10 +89,15 @@ def test_depthwise(op, rank, data_format, dtype, channels):
 
 @pytest.mark.parametrize("op", OP_KINDS)
 @pytest.mark.parametrize("pads,groups", [(0, 1), (0, 2), (1, 1)])
-def test_pointwise(op, pads, groups):
-    """1x1 stride 1: without pads every pixel of the batch is one run; with pads, not."""
-    case = make_case(op, spatial=(5, 7), kernel=(1, 1), in_channels=34, out_channels=18,
-                     groups=groups, batch=3, attrs=dict(pads_begin=pads, pads_end=pads))
+@pytest.mark.parametrize("spatial,batch", [((5, 7), 3), ((6, 7), 2), ((3, 3), 2)])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_pointwise(op, pads, groups, spatial, batch, dtype):
+    """1x1 stride 1: without pads every pixel of the batch is one run (data gradients) or
+    the pixels are regrouped into rows of an even width (weight gradients: 84 pixels into
+    2 rows of 42, 18 into one row; 105 pixels stay as they are); with pads, neither."""
+    case = make_case(op, spatial=spatial, kernel=(1, 1), in_channels=34, out_channels=18,
+                     groups=groups, batch=batch, dtype=dtype,
+                     attrs=dict(pads_begin=pads, pads_end=pads))
     run_case(case)
 
 
