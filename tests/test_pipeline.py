@@ -231,3 +231,40 @@ def test_aot_kernels_for_another_cpu_are_refused_clearly(tmp_path, monkeypatch):
     finally:
         compiler._identity.cache_clear()
         kernels.reset()
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}
+
+
+def test_isa_paths_follow_cpu_features():
+    """avx512bf16 needs AVX512-BF16 on top of AVX-512; without it bf16 falls back to the
+    f32-widening avx512 path, and f32/f16 kernels are the avx512 ones either way."""
+    from codegen import KernelConfig
+    from codegen.plan import ISA_FLAGS, runnable_isas, uses_bf16_dot
+
+    assert runnable_isas(AVX512) == ["avx512", "avx2", "portable"]
+    assert runnable_isas(AVX512 | {"avx512_bf16"})[0] == "avx512bf16"
+    assert runnable_isas({"avx512_bf16"}) == ["portable"]
+    assert "-mavx512bf16" in ISA_FLAGS["avx512bf16"] and "-mavx512bf16" not in ISA_FLAGS["avx512"]
+    config = KernelConfig("bwd_data", (3,), (1,), (1,), 1, 8, 8, "NXC", "OIX", "bf16")
+    assert uses_bf16_dot(config.with_isa("avx512bf16"))
+    assert not uses_bf16_dot(config.with_isa("avx512"))
+    for dtype in ("f32", "f16"):
+        other = KernelConfig(**{**config.to_dict(), "dtype": dtype})
+        assert other.with_isa("avx512bf16").isa == "avx512"
+    generated = render(config.with_isa("avx512bf16"))
+    assert "_mm512_dpbf16_ps" in generated
+    assert "_mm512_dpbf16_ps" not in render(config.with_isa("avx512"))
+
+
+@pytest.mark.skipif("avx512bf16" not in runtime.cpu.available_isas(),
+                    reason="this CPU has no AVX512-BF16")
+def test_bf16_uses_the_dot_path_on_this_cpu():
+    case = make_case("ConvolutionBackwardData", spatial=(5, 6), kernel=(3, 3),
+                     in_channels=16, out_channels=32, dtype="bf16")
+    problem = runtime.api.resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs,
+                                  case.inputs[2] if len(case.inputs) > 2 else None, "bf16")
+    config = problem.config.with_isa(selected_isa())
+    assert config.isa == "avx512bf16"
+    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    assert kernels.get_kernel(config).config.isa == "avx512bf16"
