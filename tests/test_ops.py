@@ -247,6 +247,18 @@ def test_reduced_channels_in_several_chunks(op, data_format, dtype):
     run_case(case)
 
 
+@pytest.mark.parametrize("op", ["ConvolutionBackwardWeights", "ConvTransposeBackwardWeights"])
+@pytest.mark.parametrize("in_channels", [2, 40])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_weight_gradient_with_rows_no_tap_reads(op, in_channels, dtype):
+    """Stride 3 over a 1-row kernel: two src rows in three are never read, so converted
+    copies skip them (2 input channels: the w-padded copy, which reads every row)."""
+    case = make_case(op, spatial=(8, 7), kernel=(1, 3), in_channels=in_channels,
+                     out_channels=20, batch=2, dtype=dtype,
+                     attrs=dict(strides=[3, 2], pads_begin=[0, 1], pads_end=[0, 1]))
+    run_case(case)
+
+
 def _other_paths(dtype: str) -> list[str]:
     """ISA paths other than the one the full grid runs for `dtype` (an ISA that adds
     nothing for a dtype is its base path there: avx512bf16 for f32 is avx512)."""
