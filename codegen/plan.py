@@ -43,7 +43,7 @@ VECTOR_LANES = {"avx512bf16": 16, "avx512": 16, "avx2": 8, "portable": 4}
 ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12}
 MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3}
 MAX_TILE_ROWS = 14
-WEIGHT_CHUNK_BYTES = 256 * 1024
+WEIGHT_CHUNK_BYTES = 512 * 1024  # half of a 1 MB L2 (Zen 4, Sapphire Rapids: 2 MB)
 
 # Tap loops longer than this stay loops instead of being unrolled.
 MAX_UNROLLED_TAPS = 16
@@ -90,9 +90,14 @@ def direct_tiles(config: KernelConfig) -> dict:
     reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
     taps = prod(config.kernel)
     elem_bytes = 2 if uses_bf16_dot(config) else 4
-    chunk = max(16, WEIGHT_CHUNK_BYTES // (taps * block * lanes * elem_bytes)) // 2 * 2
+    most = max(16, WEIGHT_CHUNK_BYTES // (taps * block * lanes * elem_bytes))
+    # Near-equal chunks of whole pairs: 256 channels go as 128 + 128, not 226 + 30 (a
+    # short last pass pays a whole pass's tile overhead for little work).
+    passes = -(-reduced // most)
+    chunk = -(-reduced // passes)
+    chunk += chunk % 2 if passes > 1 else 0
     return {"tile_rows": rows, "vec_block": block, "vec_last": last, "tiles": tiles,
-            "reduce_chunk": min(reduced, chunk),
+            "reduce_chunk": chunk,
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
             "pointwise": all(k == 1 for k in config.kernel) and all(
                 s == 1 for s in config.strides)}
