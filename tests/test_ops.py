@@ -259,6 +259,27 @@ def test_weight_gradient_with_rows_no_tap_reads(op, in_channels, dtype):
     run_case(case)
 
 
+@pytest.mark.parametrize("op", OP_KINDS)
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_nan_reaches_exactly_the_results_it_touches(op, dtype, data_format):
+    """A NaN in each data input: NaN where the reference has one, exact values elsewhere
+    (padding, pair partners and unused vector lanes must not spread it)."""
+    case = make_case(op, spatial=(7, 6), kernel=(3, 2), in_channels=5, out_channels=18,
+                     batch=2, data_format=data_format, dtype=dtype,
+                     attrs=dict(strides=[2, 1], pads_begin=[1, 0], pads_end=[1, 1]))
+    first = case.inputs[0]
+    first[(0,) * first.ndim] = np.nan
+    if case.inputs[1].ndim == first.ndim and case.inputs[1].shape[0] == first.shape[0]:
+        second = case.inputs[1]  # weight gradients: a NaN in diff_dst too
+        second[(1,) + (2,) * (second.ndim - 1)] = np.nan
+    result = runtime.execute(case.op, case.inputs, case.attrs)
+    expected = case.expected(result.dtype)
+    assert np.isnan(expected).any() and not np.isnan(expected).all()
+    np.testing.assert_array_equal(np.isnan(result), np.isnan(expected))
+    np.testing.assert_array_equal(result[~np.isnan(result)], expected[~np.isnan(expected)])
+
+
 def _other_paths(dtype: str) -> list[str]:
     """ISA paths other than the one the full grid runs for `dtype` (an ISA that adds
     nothing for a dtype is its base path there: avx512bf16 for f32 is avx512)."""
