@@ -222,7 +222,8 @@ ISAS = runtime.cpu.available_isas()
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", OP_KINDS)
 @pytest.mark.parametrize("in_channels,out_channels,data_format,dtype",
-                         [(37, 70, "NXC", "f32"), (70, 37, "NCX", "bf16"), (16, 64, "NXC", "f16")])
+                         [(37, 70, "NXC", "f32"), (70, 37, "NCX", "bf16"), (16, 64, "NXC", "f16"),
+                          (37, 70, "NXC", "bf16")])
 def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_format, dtype,
                                      monkeypatch):
     """Every ISA path this CPU runs, with several vector blocks and channel tails."""
