@@ -281,6 +281,27 @@ def test_nan_reaches_exactly_the_results_it_touches(op, dtype, data_format):
     np.testing.assert_array_equal(result[~np.isnan(result)], expected[~np.isnan(expected)])
 
 
+@pytest.mark.parametrize("op", ["ConvolutionBackwardWeights", "ConvTransposeBackwardWeights"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("in_channels,groups", [(16, 1), (2, 1), (4, 4)])
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_weight_gradient_of_inf_at_a_padded_border(op, dtype, data_format, in_channels, groups):
+    """Copies that are zero outside the image multiply the padding by diff_dst; an inf
+    there must not turn taps that only reach padding into NaN (0 x inf)."""
+    case = make_case(op, spatial=(6, 6), kernel=(3, 3), in_channels=in_channels,
+                     out_channels=16 if groups == 1 else 4, groups=groups, batch=1,
+                     data_format=data_format, dtype=dtype,
+                     attrs=dict(pads_begin=[1, 1], pads_end=[1, 1]))
+    diff = case.inputs[1]  # diff_dst (the ConvTranspose op's own src) of the weight gradient
+    diff[(0, 2, 0, 0) if data_format == "NXC" else (0, 0, 2, 0)] = np.inf
+    result = runtime.execute(case.op, case.inputs, case.attrs)
+    expected = case.expected(result.dtype)
+    assert np.isinf(expected).any()
+    np.testing.assert_array_equal(np.isnan(result), np.isnan(expected))
+    np.testing.assert_array_equal(result[~np.isnan(result)], expected[~np.isnan(expected)])
+
+
 def _other_paths(dtype: str) -> list[str]:
     """ISA paths other than the one the full grid runs for `dtype` (an ISA that adds
     nothing for a dtype is its base path there: avx512bf16 for f32 is avx512)."""
