@@ -102,6 +102,9 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     atomically, so a reader never sees a manifest naming missing kernels."""
     started = time.perf_counter()
     configs = kernels_of(layers, isa)
+    # The ISA the kernels really use (avx512bf16 is avx512 for f32/f16 kernels): the
+    # compile flags and the CPU features the manifest requires.
+    isa = max((config.isa for config in configs), key=ISAS.index, default=isa)
     output.mkdir(parents=True, exist_ok=True)
     sources = output / "src"
     sources.mkdir(exist_ok=True)

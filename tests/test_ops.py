@@ -302,6 +302,25 @@ def test_weight_gradient_of_inf_at_a_padded_border(op, dtype, data_format, in_ch
     np.testing.assert_array_equal(result[~np.isnan(result)], expected[~np.isnan(expected)])
 
 
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_bf16_denormal_result_is_kept(data_format):
+    """1.5 x 2^-126 - 1.25 x 2^-126 over two multiply steps: the f32 sum is denormal and
+    rounds to the bf16 denormal 2^-128 in either layout (vcvtneps2bf16 alone flushes it)."""
+    tiny = 2.0 ** -126
+    diff_dst = np.zeros((1, 5, 1, 4), np.float32)
+    diff_dst[..., 0], diff_dst[..., 2] = 1.5 * tiny, -1.25 * tiny
+    weights = np.zeros((1, 1, 16, 4), np.float32)  # XIO
+    weights[..., 0] = weights[..., 2] = 1.0
+    bf16 = DTYPES["bf16"]
+    first = diff_dst.astype(bf16)
+    if data_format == "NCX":
+        first = np.ascontiguousarray(np.moveaxis(first, -1, 1))
+    result = runtime.execute("ConvolutionBackwardData",
+                             [first, weights.astype(bf16), np.array([5, 1])],
+                             dict(data_format=data_format, weights_format="XIO"))
+    np.testing.assert_array_equal(result.astype(np.float32), np.float32(0.25 * tiny))
+
+
 def _other_paths(dtype: str) -> list[str]:
     """ISA paths other than the one the full grid runs for `dtype` (an ISA that adds
     nothing for a dtype is its base path there: avx512bf16 for f32 is avx512)."""
