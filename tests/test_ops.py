@@ -302,6 +302,20 @@ def test_weight_gradient_of_inf_at_a_padded_border(op, dtype, data_format, in_ch
     np.testing.assert_array_equal(result[~np.isnan(result)], expected[~np.isnan(expected)])
 
 
+@pytest.mark.parametrize("op", OP_KINDS)
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_inputs_at_odd_addresses(op, dtype):
+    """Data one element past an aligned address: the bf16 path reads channel pairs in
+    place as 32-bit words (the sanitizer run checks those reads too)."""
+    case = make_case(op, spatial=(5, 6), kernel=(3, 3), in_channels=16, out_channels=32,
+                     dtype=dtype)
+    for index, array in enumerate(case.inputs[:2]):
+        buffer = np.empty(array.size + 1, array.dtype)
+        case.inputs[index] = buffer[1:].reshape(array.shape)
+        case.inputs[index][...] = array
+    run_case(case)
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_bf16_denormal_result_is_kept(data_format):
     """1.5 x 2^-126 - 1.25 x 2^-126 over two multiply steps: the f32 sum is denormal and

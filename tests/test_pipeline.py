@@ -137,6 +137,21 @@ LAYERS = [
 ]
 
 
+def test_aot_manifest_names_the_isa_its_kernels_use(tmp_path):
+    """An f32 build on an AVX512-BF16 CPU is an avx512 build: its manifest must not
+    demand avx512_bf16 (avx512bf16 adds nothing for f32)."""
+    from codegen.plan import ISA_FEATURES
+
+    layer_file = tmp_path / "layers.json"
+    layer_file.write_text(json.dumps(LAYERS[:1]))  # one f32 layer
+    out = tmp_path / "aot"
+    subprocess.run([sys.executable, "-m", "runtime.aot", str(layer_file), "-o", str(out)],
+                   check=True, cwd=ROOT, capture_output=True)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert {entry["config"]["isa"] for entry in manifest["kernels"]} == {manifest["isa"]}
+    assert manifest["cpu_features"] == sorted(ISA_FEATURES[manifest["isa"]])
+
+
 def test_aot_build_runs_without_a_compiler(tmp_path):
     layer_file = tmp_path / "layers.json"
     layer_file.write_text(json.dumps(LAYERS))
