@@ -7,7 +7,7 @@
 
 Every benchdnn forward convolution of the chosen set becomes the layers of
 ConvolutionBackwardData ("data") and ConvolutionBackwardWeights ("weights"), built
-with codegen.layers.conv_layers and run through runtime.execute; PyTorch runs the
+with convgrad.codegen.layers.conv_layers and run through convgrad.execute; PyTorch runs the
 same problem through torch.ops.aten.convolution_backward with the same dtype,
 memory layout and thread count. Each timing is the median of at least 3 calls
 and at least --min-time seconds, the two libraries' calls interleaved. GFLOP/s
@@ -44,15 +44,14 @@ import cffi
 import ml_dtypes
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(ROOT))
+import convgrad
+from convgrad import api, kernels
+from convgrad.codegen import KernelConfig, generator_version
+from convgrad.codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn
+from convgrad.compiler import compile_objects, compiler_identity
+from convgrad.cpu import available_isas, selected_isa
 
-from codegen import KernelConfig, generator_version  # noqa: E402
-from codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn  # noqa: E402
-from runtime import api, kernels  # noqa: E402
-from runtime.compiler import compile_objects, compiler_identity  # noqa: E402
-from runtime.cpu import available_isas, selected_isa  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 try:
     import torch
@@ -99,7 +98,7 @@ def load_set(name: str, shapes_dir: Path, limit: int | None) -> list[ConvShape] 
     """The forward convolutions of a shape set (None when its file is missing)."""
     file, selection = SETS[name]
     if name in BUNDLED:
-        text = (resources.files("codegen") / "data" / file).read_text()
+        text = (resources.files("convgrad.codegen") / "data" / file).read_text()
     else:
         path = shapes_dir / file
         if not path.is_file():
@@ -435,7 +434,7 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
     rows = []
     for count in threads:
         row = replace(template, threads=count)
-        api.set_num_threads(count)
+        convgrad.set_num_threads(count)
         torch.set_num_threads(count)
         calls: list[Callable[[], object]] = [lambda count=count: case.ours(count)]
         if case.torch_call is not None:
@@ -463,7 +462,7 @@ def measure_call_overhead(args: argparse.Namespace, calls: int = 2000
     and the KernelConfig of convgrad's kernel for it."""
     tiny_args = argparse.Namespace(**{**vars(args), "batch": 1, "no_torch": False})
     case = prepare(TINY, "data", "overhead", tiny_args, np.random.default_rng(1))
-    api.set_num_threads(1)
+    convgrad.set_num_threads(1)
     torch.set_num_threads(1)
     ours = case.ours
     result = {}
@@ -484,8 +483,8 @@ def measure_call_overhead(args: argparse.Namespace, calls: int = 2000
 
 _LOAD_SNIPPET = """
 import json, sys, time
-from codegen import KernelConfig
-from runtime import kernels
+from convgrad.codegen import KernelConfig
+from convgrad import kernels
 config = KernelConfig.from_dict(json.loads(sys.argv[1]))
 begin = time.perf_counter()
 kernel = kernels.get_kernel(config)
@@ -495,10 +494,9 @@ print(json.dumps({"ms": (time.perf_counter() - begin) * 1e3, "origin": kernel.or
 
 def measure_cached_load(config: KernelConfig, processes: int = 3) -> dict:
     """Milliseconds for a fresh process to get a kernel that is in the disk cache
-    (cache key with the compiler's identity, digest check, dlopen), median of
-    `processes` processes."""
+    (cache key, compiler identity, digest check, dlopen), median of `processes`
+    processes."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     samples, origin = [], ""
     for _ in range(processes):
         out = subprocess.run([sys.executable, "-c", _LOAD_SNIPPET,
@@ -682,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
             updates["CONVGRAD_CACHE_DIR"] = stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="convgrad-bench-cache-"))
         stack.enter_context(environment(updates))
-        stack.callback(api.set_num_threads, None)
+        stack.callback(convgrad.set_num_threads, None)
         stack.callback(torch.set_num_threads, saved_torch_threads)
 
         isa = available_isas()[0]

@@ -2,7 +2,7 @@
 
 A layer is one op call described by shapes: ``{"op": kind, "inputs": [shape, shape
 (, shape input value)], "attrs": {...}, "dtype": "f32", "name": "..."}``, the same
-arguments as ``runtime.infer_shape`` plus the dtype. benchdnn descriptors (format:
+arguments as ``convgrad.infer_shape`` plus the dtype. benchdnn descriptors (format:
 ``../shared/benchdnn_conv_shapes/SOURCE.md``) describe forward convolutions; each
 becomes one layer per requested gradient op.
 """
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from codegen.ops import OPS, Problem, resolve
+from convgrad.codegen.ops import OPS, Problem, resolve
 
 DEFAULT_OPS = ("ConvolutionBackwardData", "ConvolutionBackwardWeights")
 _AXES = "dhw"

@@ -11,7 +11,7 @@ import operator
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from codegen.config import KernelConfig
+from convgrad.codegen.config import KernelConfig
 
 # Sizes, pads and strides are passed to C as int64 and multiplied there; bounding
 # them keeps every index computation far from overflow.

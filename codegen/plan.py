@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from math import prod
 
-from codegen.config import ISAS, KernelConfig
+from convgrad.codegen.config import ISAS, KernelConfig
 
 # CPU features (Linux /proc/cpuinfo names) each ISA path needs, best path first.
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"})

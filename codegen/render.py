@@ -9,14 +9,14 @@ from pathlib import Path
 
 import jinja2
 
-from codegen.config import KernelConfig
-from codegen.plan import render_context
+from convgrad.codegen.config import KernelConfig
+from convgrad.codegen.plan import render_context
 
 PACKAGE_VERSION = "0.1.0"
 
 
 def _template_dir() -> Path:
-    return Path(str(resources.files("templates")))
+    return Path(str(resources.files("convgrad.templates")))
 
 
 @cache

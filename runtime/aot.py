@@ -1,8 +1,8 @@
 """Ahead-of-time generation: layer lists in, a folder of C sources, one shared
 library, a header and a manifest out. The runtime uses that folder's kernels
-(CONVGRAD_AOT_PATH, default the repository's generated/) without a compiler.
+(CONVGRAD_AOT_PATH, default a source checkout's generated/) without a compiler.
 
-    python -m runtime.aot [LAYER_FILES...] [-o DIR] [--ops ...] [--check]
+    convgrad aot [LAYER_FILES...] [-o DIR] [--ops ...] [--check]
 
 With no layer file it builds ResNet-50's backward-data and backward-weights
 layers (oneDNN benchdnn's shapes_resnet_50). Layer files are JSON lists, benchdnn
@@ -13,13 +13,11 @@ ConvTranspose node the two ConvTranspose*Backward* layers.
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import os
 import re
 import shutil
-import sys
+import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,27 +27,34 @@ from pathlib import Path
 
 import numpy as np
 
-from codegen import OPS, KernelConfig, generator_version, render
-from codegen.config import ISAS
-from codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
-from codegen.plan import ISA_FEATURES
-from codegen.render import render_header
-from runtime import api, kernels
-from runtime.cache import file_digest
-from runtime.compiler import (
+from convgrad import api, kernels
+from convgrad.cache import file_digest
+from convgrad.codegen import OPS, KernelConfig, generator_version, render
+from convgrad.codegen.config import ISAS
+from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
+from convgrad.codegen.plan import ISA_FEATURES
+from convgrad.codegen.render import render_header
+from convgrad.compiler import (
     archive,
     compile_flags,
     compile_objects,
     compiler_identity,
     link_shared,
 )
-from runtime.cpu import available_isas, selected_isa
-from runtime.onnx_layers import load_onnx
+from convgrad.cpu import selected_isa
+from convgrad.kernels import source_checkout
+from convgrad.onnx_layers import load_onnx
+from convgrad.reference import reference
 
 LIBRARY = "libconvgrad_kernels.so"
 STATIC_LIBRARY = "libconvgrad_kernels.a"
 HEADER = "convgrad_kernels.h"
-DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "generated"
+
+def default_output() -> Path:
+    """generated/ of the source checkout this package runs from, else ./generated."""
+    root = source_checkout()
+    return root / "generated" if root else Path("generated")
+
 BUILTIN_SHAPES = "shapes_resnet_50"
 
 
@@ -74,7 +79,7 @@ def read_layers(paths: list[Path], *, ops=DEFAULT_OPS, dtype="f32", data_format=
                                          weights_format=weights_format)]
 
     if not paths:
-        return benchdnn((resources.files("codegen") / "data" / BUILTIN_SHAPES).read_text())
+        return benchdnn((resources.files("convgrad.codegen") / "data" / BUILTIN_SHAPES).read_text())
     layers = []
     for path in paths:
         if path.suffix == ".json":
@@ -185,23 +190,14 @@ def _c_identifier(name: str) -> str:
     return identifier if identifier and not identifier[0].isdigit() else f"layer_{identifier}"
 
 
-def _load_reference():
-    """The independent numpy oracle of the test suite (needs a source checkout)."""
-    path = Path(__file__).resolve().parent.parent / "tests" / "reference.py"
-    if not path.is_file():
-        raise SystemExit("--check needs tests/reference.py from a convgrad source checkout")
-    spec = importlib.util.spec_from_file_location("convgrad_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.reference
-
-
 def _with_batch(shape: tuple, batch: int) -> tuple:
     return (batch, *shape[1:])
 
 
-def check_layer(layer: Layer, reference, rng) -> dict:
-    """Runs a layer at batch 1 on integer data and compares with the oracle bit for bit."""
+def check_layer(layer: Layer, rng: np.random.Generator, *, repeats: int = 5,
+                num_threads: int | None = None) -> dict:
+    """Runs a layer at batch 1 on integer data, compares with the numpy reference bit
+    for bit, and times it: the median of `repeats` calls after the checked one."""
     dtype = api.DTYPE_BY_NAME[layer.dtype]
     data_inputs = 2 if OPS[layer.op].family == "bwd_weights" else 1  # the rest are weights
     shapes = [_with_batch(s, 1) if i < data_inputs else s for i, s in enumerate(layer.inputs[:2])]
@@ -212,10 +208,15 @@ def check_layer(layer: Layer, reference, rng) -> dict:
         inputs[2] = np.array(_with_batch(layer.inputs[2], 1))
     problem = layer.resolve()
     kernel = kernels.get_kernel(problem.config.with_isa(selected_isa()))
-    begin = time.perf_counter()
-    result = api.execute(layer.op, inputs, layer.attrs)
-    elapsed = time.perf_counter() - begin
+    result = api.execute(layer.op, inputs, layer.attrs, num_threads=num_threads)  # warm-up
     expected = reference(layer.op, inputs, layer.attrs).astype(np.float32).astype(dtype)
+    out = np.empty_like(result)
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        api.execute(layer.op, inputs, layer.attrs, out=out, num_threads=num_threads)
+        times.append(time.perf_counter() - begin)
+    elapsed = statistics.median(times)
     return {"exact": bool(np.array_equal(result, expected)), "origin": kernel.origin,
             "ms": elapsed * 1e3, "gflops": _flops(problem) / problem.batch / elapsed / 1e9}
 
@@ -227,106 +228,3 @@ def _flops(problem) -> int:
     for x, k in zip(problem.dst_spatial, c.kernel, strict=True):
         count *= x * k
     return count
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True))
-             for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime.aot", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("layers", nargs="*", type=Path,
-                        help="layer files: *.json, ONNX models (*.onnx: every Conv and "
-                             "ConvTranspose node's gradient ops; needs pip install onnx) or "
-                             "benchdnn descriptor files (default: the built-in ResNet-50 list)")
-    parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT,
-                        help=f"output folder (default: {DEFAULT_OUTPUT})")
-    parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
-                        help="comma-separated op kinds generated for benchdnn shapes")
-    parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
-    parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
-    parser.add_argument("--weights-format", default=None,
-                        choices=["OIX", "XIO"], help="(ConvTranspose ops use IOX/XOI)")
-    parser.add_argument("--batch", type=int, default=None,
-                        help="batch of benchdnn and ONNX layers (default: the file's mb or "
-                             "the model's batch; required for a symbolic ONNX batch)")
-    parser.add_argument("--isa", default=None, choices=ISAS[::-1],
-                        help="target ISA (default: the best this machine runs); the manifest "
-                             "records the CPU features it needs")
-    parser.add_argument("--cc", default=None,
-                        help="C compiler (default: $CC, else cc), e.g. a cross compiler")
-    parser.add_argument("--cflags", default=None,
-                        help="extra compiler flags (default: $CONVGRAD_CFLAGS)")
-    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--no-build", action="store_true",
-                        help="build nothing: use the kernels already in the output folder "
-                             "(with --check, proves they run without a compiler)")
-    parser.add_argument("--check", action="store_true",
-                        help="run every layer at batch 1 through the runtime, using the built "
-                             "library, and compare with the numpy reference bit for bit")
-    args = parser.parse_args(argv)
-
-    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
-    unknown = [o for o in ops if o not in OPS]
-    if unknown:
-        parser.error(f"unknown op kind(s) {unknown}; expected {list(OPS)}")
-    if args.cc:
-        os.environ["CC"] = args.cc
-    if args.cflags is not None:
-        os.environ["CONVGRAD_CFLAGS"] = args.cflags
-    isa = args.isa or available_isas()[0]
-    try:
-        layers = read_layers(args.layers, ops=ops, dtype=args.dtype,
-                             data_format=args.data_format, weights_format=args.weights_format,
-                             batch=args.batch)
-    except (OSError, ValueError, TypeError, RuntimeError) as error:
-        parser.error(str(error))
-
-    def progress(done: int, total: int, name: str) -> None:
-        if sys.stderr.isatty():  # a bar redrawn in place
-            filled = 30 * done // total
-            print(f"\r[{'#' * filled}{'.' * (30 - filled)}] {done}/{total} {name[:70]:70}",
-                  end="" if done < total else "\n", file=sys.stderr, flush=True)
-        elif done == total or done % max(1, total // 10) == 0:  # a line per ~10%
-            print(f"compiled {done}/{total} kernels", file=sys.stderr, flush=True)
-
-    if args.no_build:
-        configs, seconds = kernels_of(layers, isa), {}
-    else:
-        print(f"convgrad {generator_version()}: {len(layers)} layers, isa {isa}, "
-              f"{args.jobs} jobs -> {args.output}", file=sys.stderr)
-        result = build(layers, args.output, isa=isa, jobs=args.jobs, progress=progress)
-        configs, seconds = result.configs, result.compile_seconds
-        print(_table([[c.name, len(users), f"{seconds[c]:.2f}"] for c, users in configs.items()],
-                     ["kernel", "layers", "compile s"]))
-        print(f"built {len(configs)} kernels for {len(layers)} layers into {args.output} "
-              f"({LIBRARY}, {STATIC_LIBRARY}, {HEADER}) in {result.seconds:.1f} s")
-
-    if not args.check:
-        return 0
-    os.environ["CONVGRAD_AOT_PATH"] = str(args.output)
-    kernels.reset()
-    reference = _load_reference()
-    rng = np.random.default_rng(0)
-    rows, failures = [], 0
-    for config, users in configs.items():
-        for layer in users:
-            outcome = check_layer(layer, reference, rng)
-            failures += not (outcome["exact"] and outcome["origin"] == "aot")
-            compile_s = f"{seconds[config]:.2f}" if config in seconds else "-"
-            rows.append([layer.name, layer.op, compile_s,
-                         outcome["origin"], "exact" if outcome["exact"] else "MISMATCH",
-                         f"{outcome['ms']:.2f}", f"{outcome['gflops']:.1f}"])
-    print(_table(rows, ["layer", "op", "compile s", "kernel from", "vs reference",
-                        "ms (mb=1)", "GFLOP/s"]))
-    print(f"{len(rows) - failures} of {len(rows)} layers exact and served by the AOT library")
-    return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

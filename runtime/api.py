@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 from collections.abc import Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
 
-from codegen import OPS, Problem, resolve
-from runtime.cpu import selected_isa
-from runtime.kernels import STATUS, ffi, get_kernel
+from convgrad.codegen import OPS, Problem, resolve
+from convgrad.cpu import selected_isa
+from convgrad.kernels import STATUS, ffi, get_kernel
+from convgrad.threads import check as _check_threads
+from convgrad.threads import for_call as _threads_for_call
 
 DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16",
           np.dtype(ml_dtypes.bfloat16): "bf16"}
 DTYPE_BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
-
-_num_threads = 0  # 0: OpenMP's default (OMP_NUM_THREADS, else every core)
 
 # Kernel scratch, kept per Python thread between calls: allocating and faulting in
 # fresh pages every call costs a third of the time of a small layer.
@@ -33,33 +32,6 @@ def _workspace(nbytes: int) -> np.ndarray:
         if nbytes <= MAX_KEPT_WORKSPACE:
             _workspaces.buffer = buffer
     return buffer
-
-
-def _check_threads(where: str, count) -> None:
-    """A thread count must be a positive int (None: the default)."""
-    if count is None:
-        return
-    if isinstance(count, bool) or not isinstance(count, int):
-        raise TypeError(f"{where}num_threads = {count!r} is invalid; expected a positive "
-                        "integer")
-    if count < 1:
-        raise ValueError(f"{where}num_threads = {count!r} is invalid; expected a positive "
-                         "integer")
-
-
-def set_num_threads(count: int | None) -> None:
-    """Threads every kernel call uses unless the call says otherwise (None: default)."""
-    global _num_threads
-    _check_threads("", count)
-    _num_threads = count or 0
-
-
-def get_num_threads() -> int:
-    """Threads a kernel call uses (OpenMP's default resolved)."""
-    if _num_threads:
-        return _num_threads
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
-    return int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
 
 
 def _data_array(op: str, name: str, value) -> np.ndarray:
@@ -174,7 +146,7 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
     dims.src[0:rank] = problem.src_spatial
     dims.dst[0:rank] = problem.dst_spatial
     dims.pads_begin[0:rank] = problem.pads_begin
-    dims.num_threads = num_threads or _num_threads
+    dims.num_threads = _threads_for_call(num_threads)
     workspace = _workspace(kernel.workspace_size(dims))
     status = kernel.function(ffi.from_buffer(first), ffi.from_buffer(second),
                              ffi.from_buffer(out, require_writable=True), dims,

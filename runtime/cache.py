@@ -1,23 +1,23 @@
 """The on-disk kernel cache: one shared library per kernel, keyed by content hash.
 
-A key hashes the configuration, the generator version (templates and generator
-sources), the compiler identity, every flag and the CPU features the ISA path
-needs. A build happens under a per-key file lock (released by the OS if the
-process dies) in a private temporary directory and is published by atomic
-renames, the record of the library's digest last, so no process ever uses a
-half-written library. An entry whose record is missing or does not match is a
-miss and is rebuilt. A cache directory that cannot be written (read-only, full)
-is replaced by a temporary one with a warning. Past CONVGRAD_CACHE_MAX_MB, the
-least recently used entries are evicted.
-
-    python -m runtime.cache show | clear
+An entry's key hashes the configuration, the generator version (templates and
+generator sources), every flag and the CPU features the ISA path needs; its file
+name adds a short hash of the compiler that built it, whose identity the entry's
+record keeps. So a cached kernel is found without running the compiler: a process
+with no compiler loads any valid entry of the key (the first by name), and one
+with a compiler uses (or builds) its own compiler's entry. A build happens under a
+per-entry file lock (released by the OS if the process dies) in a private
+temporary directory and is published by atomic renames, the record of the
+library's digest last, so no process ever uses a half-written library. An entry
+whose record is missing or does not match is a miss and is rebuilt. A cache
+directory that cannot be written (read-only, full) is replaced by a temporary one
+with a warning. Past CONVGRAD_CACHE_MAX_MB, the least recently used entries are
+evicted. `convgrad cache show | clear` lists or empties it.
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -25,13 +25,22 @@ import os
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from functools import cache
 from pathlib import Path
 
-from codegen import KernelConfig, generator_version, render
-from codegen.plan import ISA_FEATURES
-from runtime.compiler import compile_flags, compile_objects, compiler_identity
+import platformdirs
+from filelock import FileLock
+
+from convgrad.codegen import KernelConfig, generator_version, render
+from convgrad.codegen.plan import ISA_FEATURES
+from convgrad.compiler import (
+    CompilerNotFoundError,
+    compile_flags,
+    compile_objects,
+    compiler_command,
+    compiler_identity,
+)
 
 log = logging.getLogger("convgrad")
 
@@ -45,8 +54,7 @@ def configured_dir() -> Path:
     explicit = os.environ.get("CONVGRAD_CACHE_DIR")
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "convgrad"
+    return Path(platformdirs.user_cache_dir("convgrad", appauthor=False))
 
 
 _fallbacks: dict[Path, Path] = {}
@@ -82,27 +90,25 @@ def max_bytes() -> int:
 
 
 @cache
-def _key_material(isa: str, cc: str, flags: tuple[str, ...]) -> str:
-    """Everything but the configuration that the binary depends on (memoised per
-    ISA, compiler and flags)."""
-    return json.dumps({"generator": generator_version(), "compiler": compiler_identity(),
-                       "flags": flags, "features": sorted(ISA_FEATURES[isa])}, sort_keys=True)
+def _key_material(isa: str, flags: tuple[str, ...]) -> str:
+    """Everything but the configuration and the compiler that the binary depends on
+    (memoised per ISA and flags)."""
+    return json.dumps({"generator": generator_version(), "flags": flags,
+                       "features": sorted(ISA_FEATURES[isa])}, sort_keys=True)
 
 
 def cache_key(config: KernelConfig) -> str:
+    """The hash of everything an entry depends on but the compiler: found without one."""
     material = json.dumps(config.to_dict(), sort_keys=True) + _key_material(
-        config.isa, os.environ.get("CC", ""), compile_flags(config.isa))
+        config.isa, compile_flags(config.isa))
     return hashlib.sha256(material.encode()).hexdigest()
 
 
-@contextmanager
-def _locked(path: Path):
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def compiler_tag() -> str:
+    """A short hash of the compiler command and identity (path and --version): the
+    last part of an entry's name. Raises CompilerNotFoundError without a compiler."""
+    identity = json.dumps([compiler_command(), compiler_identity()])
+    return hashlib.sha256(identity.encode()).hexdigest()[:8]
 
 
 def file_digest(path: Path) -> str:
@@ -110,7 +116,14 @@ def file_digest(path: Path) -> str:
 
 
 def library_path(config: KernelConfig, folder: Path | None = None) -> Path:
-    return (folder or cache_dir()) / f"{config.name}-{cache_key(config)[:16]}.so"
+    """This compiler's entry for `config` (CompilerNotFoundError without a compiler)."""
+    return (folder or cache_dir()) / f"{config.name}-{cache_key(config)[:16]}-{compiler_tag()}.so"
+
+
+def cached_libraries(config: KernelConfig, folder: Path | None = None) -> list[Path]:
+    """The valid entries of `config` built by any compiler, in name order."""
+    pattern = f"{config.name}-{cache_key(config)[:16]}-*.so"
+    return sorted(p for p in (folder or cache_dir()).glob(pattern) if is_valid(p))
 
 
 def is_valid(library: Path) -> bool:
@@ -142,12 +155,20 @@ def build(config: KernelConfig) -> tuple[Path, bool]:
 
 
 def _build_in(config: KernelConfig, folder: Path) -> tuple[Path, bool]:
-    target = library_path(config, folder)
+    try:
+        target = library_path(config, folder)
+    except CompilerNotFoundError:
+        found = cached_libraries(config, folder)
+        if not found:
+            raise
+        log.debug("%s: no compiler; using cached %s", config.name, found[0])
+        _touch(found[0])
+        return found[0], False
     if is_valid(target):
         log.debug("%s: found in cache %s", config.name, target)
         _touch(target)
         return target, False
-    with _locked(target.with_suffix(".lock")):
+    with FileLock(target.with_suffix(".lock")):
         if is_valid(target):  # another process built it meanwhile
             return target, False
         started = time.perf_counter()
@@ -160,7 +181,10 @@ def _build_in(config: KernelConfig, folder: Path) -> tuple[Path, bool]:
             record = Path(tmp) / "record.json"
             record.write_text(json.dumps({"sha256": file_digest(built),
                                           "config": config.to_dict(),
-                                          "generator": generator_version()}))
+                                          "generator": generator_version(),
+                                          "compiler": compiler_identity(),
+                                          "compiler_command": compiler_command(),
+                                          "flags": list(compile_flags(config.isa))}))
             os.replace(c_file, target.with_suffix(".c"))  # kept for debugging
             os.replace(built, target)
             os.replace(record, target.with_suffix(".json"))  # last: marks it complete
@@ -180,8 +204,18 @@ def entries(folder: Path) -> list[dict]:
         except OSError:
             used = 0.0  # incomplete: first to go
         size = sum(p.stat().st_size for p in parts if p.exists())
-        found.append({"library": library, "parts": parts, "bytes": size, "used": used})
+        found.append({"library": library, "parts": parts, "bytes": size, "used": used,
+                      "compiler": _recorded_compiler(library)})
     return sorted(found, key=lambda e: e["used"])
+
+
+def _recorded_compiler(library: Path) -> str:
+    """The first line of the recorded identity of the compiler that built an entry."""
+    try:
+        identity = json.loads(library.with_suffix(".json").read_text())["compiler"]
+        return str(identity).splitlines()[0]
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return "unknown"
 
 
 def evict(folder: Path, keep: Path | None = None, limit: int | None = None) -> int:
@@ -202,26 +236,3 @@ def evict(folder: Path, keep: Path | None = None, limit: int | None = None) -> i
         total -= entry["bytes"]
         removed += 1
     return removed
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime.cache",
-                                     description="Show or clear the convgrad kernel cache.")
-    parser.add_argument("command", choices=["show", "clear"])
-    args = parser.parse_args(argv)
-    folder = configured_dir()
-    found = entries(folder) if folder.is_dir() else []
-    if args.command == "clear":
-        removed = evict(folder, limit=0) if found else 0
-        print(f"removed {removed} kernels from {folder}")
-        return 0
-    print(f"{folder}: {len(found)} kernels, {sum(e['bytes'] for e in found) / 2**20:.1f} MB "
-          f"(cap {max_bytes() / 2**20:.0f} MB, CONVGRAD_CACHE_MAX_MB)")
-    for entry in reversed(found):
-        used = time.strftime("%Y-%m-%d %H:%M", time.localtime(entry["used"]))
-        print(f"  {used}  {entry['bytes'] / 1024:8.1f} KB  {entry['library'].name}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

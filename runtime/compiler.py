@@ -9,7 +9,7 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
-from codegen.plan import ISA_FLAGS
+from convgrad.codegen.plan import ISA_FLAGS
 
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-fopenmp", "-fno-math-errno")
 # nodelete: a kernel library (and the OpenMP runtime it pulls in) is never unloaded.
@@ -49,7 +49,7 @@ def _identity(command: tuple[str, ...]) -> str:
     if executable is None:
         raise CompilerNotFoundError(
             f"C compiler {command[0]!r} not found (set CC, or build the kernels ahead of "
-            "time with `python -m runtime.aot` and point CONVGRAD_AOT_PATH at them)")
+            "time with `convgrad aot` and point CONVGRAD_AOT_PATH at them)")
     try:
         result = subprocess.run([*command, "--version"], capture_output=True, text=True,
                                 timeout=60, check=False)

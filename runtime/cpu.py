@@ -6,8 +6,8 @@ import os
 import platform
 from functools import cache
 
-from codegen.config import ISAS
-from codegen.plan import runnable_isas
+from convgrad.codegen.config import ISAS
+from convgrad.codegen.plan import runnable_isas
 
 
 @cache

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import cffi
 
-from codegen import KernelConfig, generator_version
-from codegen.render import render_dims_declaration
-from runtime import cache
-from runtime.cache import file_digest
-from runtime.compiler import CompilerNotFoundError
-from runtime.cpu import available_isas, cpu_features
+from convgrad import cache
+from convgrad.cache import file_digest
+from convgrad.codegen import KernelConfig, generator_version
+from convgrad.codegen.render import render_dims_declaration
+from convgrad.compiler import CompilerNotFoundError
+from convgrad.cpu import available_isas, cpu_features
 
 log = logging.getLogger("convgrad")
 
@@ -56,13 +56,21 @@ def _bind(config: KernelConfig, path: Path) -> tuple[object, object]:
                 getattr(library, f"{config.name}_workspace_size"))
 
 
+def source_checkout() -> Path | None:
+    """The repository this package runs from (an editable install), or None for an
+    installed package."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() and (root / "codegen").is_dir() else None
+
+
 def aot_search_path() -> list[Path]:
     """Folders whose manifest.json lists ahead-of-time kernels: CONVGRAD_AOT_PATH
-    (os.pathsep-separated), else the repository's generated/ folder."""
+    (os.pathsep-separated), else a source checkout's generated/ folder."""
     explicit = os.environ.get("CONVGRAD_AOT_PATH")
     if explicit is not None:
         return [Path(p) for p in explicit.split(os.pathsep) if p]
-    return [Path(__file__).resolve().parent.parent / "generated"]
+    root = source_checkout()
+    return [root / "generated"] if root else []
 
 
 _aot_index: dict[KernelConfig, Path] | None = None

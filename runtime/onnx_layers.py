@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from codegen.layers import Layer
-from codegen.ops import OPS
+from convgrad.codegen.layers import Layer
+from convgrad.codegen.ops import OPS
 
 CONV_OPS = ("ConvolutionBackwardData", "ConvolutionBackwardWeights")
 TRANSPOSE_OPS = ("ConvTransposeBackwardData", "ConvTransposeBackwardWeights")

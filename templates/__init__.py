@@ -1,1 +1,1 @@
-"""Jinja2 templates of the generated C (data files; see codegen.render)."""
+"""Jinja2 templates of the generated C (data files; see convgrad.codegen.render)."""

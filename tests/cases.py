@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
-from reference import reference, reference_shape
+
+from convgrad.reference import reference, reference_shape
 
 DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16}
 SHAPE_NAMES = {

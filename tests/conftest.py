@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """An empty kernel cache of the test's own, and no kernel loaded in this process."""
-    from runtime import kernels
+    from convgrad import kernels
 
     monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "cache"))
     kernels.reset()

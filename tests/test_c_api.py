@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference import reference
+
+from convgrad.reference import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "c_api"
@@ -24,7 +25,7 @@ def _pattern(count: int, multiplier: int) -> np.ndarray:
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_example_c_program_agrees_with_the_reference(tmp_path):
     aot = tmp_path / "aot"
-    subprocess.run([sys.executable, "-m", "runtime.aot", str(EXAMPLE / "layers.json"),
+    subprocess.run([sys.executable, "-m", "convgrad", "aot", str(EXAMPLE / "layers.json"),
                     "-o", str(aot), "-j", "2"], cwd=ROOT, check=True, capture_output=True)
     for name in ("libconvgrad_kernels.a", "libconvgrad_kernels.so", "convgrad_kernels.h",
                  "convgrad.mk", "convgrad.cmake", "manifest.json"):
@@ -51,7 +52,7 @@ def test_example_c_program_agrees_with_the_reference(tmp_path):
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
 def test_cmake_fragment_links_the_example(tmp_path):
     aot = tmp_path / "aot"
-    subprocess.run([sys.executable, "-m", "runtime.aot", str(EXAMPLE / "layers.json"),
+    subprocess.run([sys.executable, "-m", "convgrad", "aot", str(EXAMPLE / "layers.json"),
                     "-o", str(aot)], cwd=ROOT, check=True, capture_output=True)
     project = tmp_path / "project"
     project.mkdir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,18 +19,18 @@ import pytest
 from cases import make_case
 from test_ops import assert_exact
 
-import runtime
-from runtime import cache
+import convgrad
+from convgrad import cache
 
 ROOT = Path(__file__).resolve().parent.parent
 
 # A new kernel (its geometry is used nowhere else) that a child process builds and checks.
 CHILD = textwrap.dedent("""
     import sys
-    import numpy as np, runtime
+    import numpy as np, convgrad
     dd = np.arange(2 * 5 * 5 * 3, dtype=np.float32).reshape(2, 5, 5, 3) % 7
     w = np.arange(3 * 2 * 3 * {channels}, dtype=np.float32).reshape(3, 2, {channels}, 3) % 5
-    r = runtime.convolution_backward_data(dd, w, strides=[2, 3], pads_begin=[1, 0])
+    r = convgrad.convolution_backward_data(dd, w, strides=[2, 3], pads_begin=[1, 0])
     print(float(r.sum()), float((r * np.arange(r.size).reshape(r.shape) % 11).sum()))
 """)
 
@@ -107,7 +108,7 @@ def test_sixteen_threads_call_kernels_concurrently(fresh_cache):
     def work(index):
         case = cases[index % len(cases)]
         for _ in range(20):
-            result = runtime.execute(case.op, case.inputs, case.attrs, num_threads=1)
+            result = convgrad.execute(case.op, case.inputs, case.attrs, num_threads=1)
             if not np.array_equal(result, expected[index % len(cases)]):
                 return False
         return True
@@ -127,7 +128,7 @@ def test_read_only_cache_falls_back_with_a_warning(fresh_cache, monkeypatch):
     monkeypatch.setattr(cache, "_fallbacks", {})
     case = make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(2, 2), seed=9)
     with pytest.warns(RuntimeWarning, match="not writable"):
-        result = runtime.execute(case.op, case.inputs, case.attrs)
+        result = convgrad.execute(case.op, case.inputs, case.attrs)
     assert_exact(case, result)
 
 
@@ -145,7 +146,7 @@ def test_full_cache_falls_back_with_a_warning(fresh_cache, monkeypatch):
     monkeypatch.setattr(cache, "_fallbacks", {})
     case = make_case("ConvolutionBackwardData", spatial=(4, 5), kernel=(2, 2), seed=10)
     with pytest.warns(RuntimeWarning, match="No space left"):
-        result = runtime.execute(case.op, case.inputs, case.attrs)
+        result = convgrad.execute(case.op, case.inputs, case.attrs)
     assert_exact(case, result)
     assert len(calls) == 2 and fresh_cache not in calls[1].parents
 
@@ -154,23 +155,71 @@ def test_size_cap_evicts_least_recently_used(fresh_cache, monkeypatch):
     cases = [make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(k, 1), seed=k)
              for k in (1, 2, 3)]
     for case in cases[:2]:
-        runtime.execute(case.op, case.inputs, case.attrs)
+        convgrad.execute(case.op, case.inputs, case.attrs)
     first, second = cache.entries(fresh_cache)
     os.utime(first["library"].with_suffix(".json"), (1, 1))  # the oldest use
     monkeypatch.setenv("CONVGRAD_CACHE_MAX_MB", str((first["bytes"] + second["bytes"]) / 2**20))
-    runtime.execute(cases[2].op, cases[2].inputs, cases[2].attrs)  # a third entry
+    convgrad.execute(cases[2].op, cases[2].inputs, cases[2].attrs)  # a third entry
     left = [e["library"] for e in cache.entries(fresh_cache)]
     assert first["library"] not in left and second["library"] in left and len(left) == 2
 
 
 def test_show_and_clear_commands(fresh_cache):
     case = make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(2, 2), seed=3)
-    runtime.execute(case.op, case.inputs, case.attrs)
+    convgrad.execute(case.op, case.inputs, case.attrs)
     env = {**os.environ, "CONVGRAD_CACHE_DIR": str(fresh_cache)}
-    show = subprocess.run([sys.executable, "-m", "runtime.cache", "show"], env=env, cwd=ROOT,
+    show = subprocess.run([sys.executable, "-m", "convgrad", "cache", "show"], env=env, cwd=ROOT,
                           capture_output=True, text=True, check=True)
     assert "1 kernels" in show.stdout and "convgrad_bwd_data" in show.stdout
-    clear = subprocess.run([sys.executable, "-m", "runtime.cache", "clear"], env=env, cwd=ROOT,
+    clear = subprocess.run([sys.executable, "-m", "convgrad", "cache", "clear"], env=env, cwd=ROOT,
                            capture_output=True, text=True, check=True)
     assert "removed 1 kernels" in clear.stdout
     assert cache.entries(fresh_cache) == []
+
+
+def _no_compiler_env(folder: Path) -> dict:
+    """A process with CC pointing nowhere and no compiler on PATH."""
+    return {**_child_env(folder, Path("/nonexistent/cc")), "PATH": str(Path(sys.executable).parent)}
+
+
+def test_cached_kernel_loads_without_a_compiler(tmp_path):
+    script = CHILD.format(channels=6) + "from convgrad import kernels\n" \
+        "print(sorted(k.origin for k in kernels._loaded.values()))\n"
+    filled = subprocess.run([sys.executable, "-c", script], env=_child_env(tmp_path, "cc"),
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert filled.returncode == 0, filled.stderr
+    assert filled.stdout.splitlines()[-1] == "['compiled']"
+    without = subprocess.run([sys.executable, "-c", script], env=_no_compiler_env(tmp_path),
+                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert without.returncode == 0, without.stderr
+    assert without.stdout.splitlines() == [filled.stdout.splitlines()[0], "['cache']"]
+    # A kernel the cache does not hold still fails clearly.
+    other = subprocess.run([sys.executable, "-c", CHILD.format(channels=7)],
+                           env=_no_compiler_env(tmp_path), cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+    assert other.returncode == 1 and "CompilerNotFoundError" in other.stderr
+
+
+def test_entries_of_several_compilers(tmp_path):
+    """Each compiler has its own entry of a kernel; a process with a compiler uses its
+    own, one without takes the first by name; `cache show` names each compiler."""
+    script = CHILD.format(channels=3)
+    spy = _spy(tmp_path)  # another compiler identity (its path), same results
+    for compiler in (spy, "cc", spy, "cc"):
+        result = subprocess.run([sys.executable, "-c", script], env=_child_env(tmp_path, compiler),
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+    assert _compiles(tmp_path) == 1  # the spy built once, then found its entry
+    libraries = sorted((tmp_path / "cache").glob("*.so"))
+    assert len(libraries) == 2
+    env = _no_compiler_env(tmp_path)
+    loaded = subprocess.run(
+        [sys.executable, "-c", script + "from convgrad import kernels\n"
+         "print([str(k.path) for k in kernels._loaded.values()])\n"],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.splitlines()[-1] == repr([str(libraries[0])])
+    show = subprocess.run([sys.executable, "-m", "convgrad", "cache", "show"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "2 kernels" in show.stdout
+    assert str(spy) in show.stdout and f"{shutil.which('cc')}: " in show.stdout

@@ -19,12 +19,12 @@ import pytest
 from cases import DATA_OPS, SHAPE_NAMES, TRANSPOSE, WEIGHTS_ATTR, make_case
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from reference import OP_KINDS, reference_shape
 
-import runtime
-from runtime import api
+import convgrad
+from convgrad import api
+from convgrad.reference import OP_KINDS, reference_shape
 
-FUNCTIONS = {spec.kind: getattr(runtime, spec.function) for spec in api.OPS.values()}
+FUNCTIONS = {spec.kind: getattr(convgrad, spec.function) for spec in api.OPS.values()}
 INPUTS = {spec.kind: spec.inputs for spec in api.OPS.values()}
 SHAPE_OPS = tuple(sorted(SHAPE_NAMES))
 WEIGHT_OPS = tuple(op for op in OP_KINDS if op not in DATA_OPS)
@@ -60,13 +60,13 @@ def expect(case, error, *words, infer=True, function=True):
     """`execute`, the op's function and `infer_shape` all reject `case` the same way."""
     pattern = names(case.op, *words)
     with pytest.raises(error, match=pattern):
-        runtime.execute(case.op, case.inputs, case.attrs)
+        convgrad.execute(case.op, case.inputs, case.attrs)
     if function:
         with pytest.raises(error, match=pattern):
             FUNCTIONS[case.op](*case.inputs, **case.attrs)
     if infer:
         with pytest.raises(error, match=pattern):
-            runtime.infer_shape(case.op, shapes_of(case.inputs), case.attrs)
+            convgrad.infer_shape(case.op, shapes_of(case.inputs), case.attrs)
 
 
 def with_attrs(case, **attrs):
@@ -80,7 +80,7 @@ def test_base_cases_are_valid():
         for mode in (["absent"] if op == "ConvTransposeBackwardData" else
                      ["attribute", "input", "full", "full_input"]):
             case = base(op, mode)
-            assert runtime.infer_shape(op, shapes_of(case.inputs), case.attrs) == \
+            assert convgrad.infer_shape(op, shapes_of(case.inputs), case.attrs) == \
                 reference_shape(op, shapes_of(case.inputs), case.attrs)
 
 
@@ -180,7 +180,7 @@ def test_out_of_range_integers(op, name, value):
 def test_integer_like_attributes_are_accepted(op):
     case = with_attrs(base(op), groups=np.int64(2), strides=np.array([1, 1]),
                       dilations=(1, np.int32(1)), pads_begin=np.uint8(0))
-    assert runtime.infer_shape(op, shapes_of(case.inputs), case.attrs)
+    assert convgrad.infer_shape(op, shapes_of(case.inputs), case.attrs)
 
 
 @pytest.mark.parametrize("op", DATA_OPS)
@@ -198,7 +198,7 @@ def test_output_padding_not_below_stride_or_dilation(op, attrs):
 @pytest.mark.parametrize("op", DATA_OPS)
 def test_output_padding_below_dilation_is_accepted(op):
     case = base(op, shape_mode="absent", attrs=dict(dilations=[2, 1], output_padding=[1, 0]))
-    assert runtime.infer_shape(op, shapes_of(case.inputs), case.attrs) == \
+    assert convgrad.infer_shape(op, shapes_of(case.inputs), case.attrs) == \
         reference_shape(op, shapes_of(case.inputs), case.attrs)
 
 
@@ -221,7 +221,7 @@ def test_auto_pad_of_wrong_type(op, value):
 @pytest.mark.parametrize("value", ["VALID", "Same_Upper", "EXPLICIT", "None"])
 def test_auto_pad_is_case_insensitive(op, value):
     case = base(op, attrs=dict(auto_pad=value))
-    assert runtime.infer_shape(op, shapes_of(case.inputs), case.attrs) == \
+    assert convgrad.infer_shape(op, shapes_of(case.inputs), case.attrs) == \
         reference_shape(op, shapes_of(case.inputs), case.attrs)
 
 
@@ -446,10 +446,10 @@ def test_zero_sized_channel_or_spatial_dimension(op, index, axis):
 @pytest.mark.parametrize("op", OP_KINDS)
 def test_zero_batch_is_allowed(op):
     case = base(op, batch=0)
-    shape = runtime.infer_shape(op, shapes_of(case.inputs), case.attrs)
+    shape = convgrad.infer_shape(op, shapes_of(case.inputs), case.attrs)
     assert shape == reference_shape(op, shapes_of(case.inputs), case.attrs)
     if op in DATA_OPS:  # an empty result: no kernel runs
-        result = runtime.execute(op, case.inputs, case.attrs)
+        result = convgrad.execute(op, case.inputs, case.attrs)
         assert result.shape == shape and result.size == 0
 
 
@@ -461,7 +461,7 @@ def test_negative_sizes_in_infer_shape(op, index):
     shapes[index] = tuple(-v if i == len(shapes[index]) - 1 else v
                           for i, v in enumerate(shapes[index]))
     with pytest.raises(ValueError, match=names(op, INPUTS[op][index], "non-negative")):
-        runtime.infer_shape(op, shapes, case.attrs)
+        convgrad.infer_shape(op, shapes, case.attrs)
 
 
 # --------------------------------------------------------------------------- out=
@@ -469,13 +469,13 @@ def test_negative_sizes_in_infer_shape(op, index):
 
 def _out_case(op):
     case = base(op)
-    shape = runtime.infer_shape(op, shapes_of(case.inputs), case.attrs)
+    shape = convgrad.infer_shape(op, shapes_of(case.inputs), case.attrs)
     return case, shape
 
 
 def _expect_out(case, out, error, *words):
     with pytest.raises(error, match=names(case.op, "out", *words)):
-        runtime.execute(case.op, case.inputs, case.attrs, out=out)
+        convgrad.execute(case.op, case.inputs, case.attrs, out=out)
     with pytest.raises(error, match=names(case.op, "out", *words)):
         FUNCTIONS[case.op](*case.inputs, **case.attrs, out=out)
 
@@ -546,9 +546,9 @@ def test_out_overlapping_an_input(op, index):
 def test_unknown_op_kind(kind):
     case = base("ConvolutionBackwardData")
     with pytest.raises(ValueError, match=names("execute", "op_kind", repr(kind))):
-        runtime.execute(kind, case.inputs, case.attrs)
+        convgrad.execute(kind, case.inputs, case.attrs)
     with pytest.raises(ValueError, match=names("infer_shape", "op_kind", repr(kind))):
-        runtime.infer_shape(kind, shapes_of(case.inputs), case.attrs)
+        convgrad.infer_shape(kind, shapes_of(case.inputs), case.attrs)
 
 
 def _unknown_names(op):
@@ -567,9 +567,9 @@ def test_unknown_attribute_name(op, name):
     case.attrs[name] = 1
     pattern = names(op, "attribute", repr(name))
     with pytest.raises(ValueError, match=pattern):
-        runtime.execute(op, case.inputs, case.attrs)
+        convgrad.execute(op, case.inputs, case.attrs)
     with pytest.raises(ValueError, match=pattern):
-        runtime.infer_shape(op, shapes_of(case.inputs), case.attrs)
+        convgrad.infer_shape(op, shapes_of(case.inputs), case.attrs)
     if isinstance(name, str) and name.isidentifier():
         with pytest.raises(TypeError, match=names(op, repr(name))):
             FUNCTIONS[op](*case.inputs, **case.attrs)
@@ -584,9 +584,9 @@ def test_wrong_number_of_inputs(op):
         extra = extra[:3]  # no shape input at all
     for inputs in (extra, case.inputs[:1], []):
         with pytest.raises(ValueError, match=names(op, f"{len(inputs)} inputs")):
-            runtime.execute(op, inputs, case.attrs)
+            convgrad.execute(op, inputs, case.attrs)
         with pytest.raises(ValueError, match=names(op, f"{len(inputs)} input shapes")):
-            runtime.infer_shape(op, shapes_of(inputs) if len(inputs) > 1 else
+            convgrad.infer_shape(op, shapes_of(inputs) if len(inputs) > 1 else
                                 [x.shape for x in inputs], case.attrs)
     with pytest.raises(TypeError, match=names(op)):
         FUNCTIONS[op](*extra, *extra)
@@ -598,18 +598,18 @@ def test_wrong_number_of_inputs(op):
 def test_attrs_that_are_not_a_mapping(attrs):
     case = base("ConvolutionBackwardData")
     with pytest.raises(TypeError, match="attrs"):
-        runtime.execute(case.op, case.inputs, attrs)
+        convgrad.execute(case.op, case.inputs, attrs)
     with pytest.raises(TypeError, match=names(case.op, "attrs")):
-        runtime.infer_shape(case.op, shapes_of(case.inputs), attrs)
+        convgrad.infer_shape(case.op, shapes_of(case.inputs), attrs)
 
 
 @pytest.mark.parametrize("inputs", [None, 1, "ab", {0: 1, 1: 2}])
 def test_inputs_that_are_not_a_list(inputs):
     op = "ConvolutionBackwardData"
     with pytest.raises(TypeError, match="inputs"):
-        runtime.execute(op, inputs, {})
+        convgrad.execute(op, inputs, {})
     with pytest.raises(TypeError, match=names(op, "input_shapes")):
-        runtime.infer_shape(op, inputs, {})
+        convgrad.infer_shape(op, inputs, {})
 
 
 @pytest.mark.parametrize("op", OP_KINDS)
@@ -619,16 +619,16 @@ def test_inputs_that_are_not_a_list(inputs):
 def test_bad_num_threads(op, value, error):
     case = base(op)
     with pytest.raises(error, match=names(op, "num_threads")):
-        runtime.execute(op, case.inputs, case.attrs, num_threads=value)
+        convgrad.execute(op, case.inputs, case.attrs, num_threads=value)
 
 
 @pytest.mark.parametrize("value,error", [(0, ValueError), (-3, ValueError),
                                          ("2", TypeError), (True, TypeError)])
 def test_bad_set_num_threads(value, error):
-    before = runtime.get_num_threads()
+    before = convgrad.get_num_threads()
     with pytest.raises(error, match="num_threads"):
-        runtime.set_num_threads(value)
-    assert runtime.get_num_threads() == before
+        convgrad.set_num_threads(value)
+    assert convgrad.get_num_threads() == before
 
 
 # --------------------------------------------------------------------------- fuzz
@@ -735,7 +735,7 @@ def test_fuzz_infer_shape(call):
     reference (which is laxer about types, never about shapes)."""
     kind, shapes, attrs = call
     try:
-        result = runtime.infer_shape(kind, shapes, attrs)
+        result = convgrad.infer_shape(kind, shapes, attrs)
     except (ValueError, TypeError):
         return
     assert isinstance(result, tuple) and len(result) in (3, 4, 5)
@@ -798,31 +798,31 @@ def test_fuzz_execute(call):
     op, inputs, attrs, out = call
     with no_kernels():
         try:
-            result = runtime.execute(op, inputs, attrs, out=out)
+            result = convgrad.execute(op, inputs, attrs, out=out)
         except (ValueError, TypeError):
             return
         except _KernelReached:
             shapes = [x.shape for x in inputs[:2]] + list(inputs[2:])
-            expected = runtime.infer_shape(op, shapes, attrs)
+            expected = convgrad.infer_shape(op, shapes, attrs)
             if out is not None:
                 assert out.shape == expected
             return
     # Only an empty result returns without a kernel.
     assert result.size == 0
-    assert result.shape == runtime.infer_shape(op, [x.shape for x in inputs[:2]]
+    assert result.shape == convgrad.infer_shape(op, [x.shape for x in inputs[:2]]
                                                + list(inputs[2:]), attrs)
 
 
 def test_cached_valid_call_never_accepts_a_lookalike_invalid_one():
     """Resolved calls are memoised by their arguments: values that compare equal in
     Python (2 and 2.0, 1 and True, a numpy integer and a list) must not share entries."""
-    import runtime
+    import convgrad
     dd = np.ones((1, 4, 4, 2), np.float32)
     w = np.ones((1, 1, 2, 2), np.float32)
-    runtime.convolution_backward_data(dd, w, strides=2)
-    runtime.convolution_backward_data(dd, w, strides=np.int64(2))
-    runtime.convolution_backward_data(dd, w, groups=1)
+    convgrad.convolution_backward_data(dd, w, strides=2)
+    convgrad.convolution_backward_data(dd, w, strides=np.int64(2))
+    convgrad.convolution_backward_data(dd, w, groups=1)
     for bad in ({"strides": 2.0}, {"strides": ["int64", 2]}, {"groups": True},
                 {"strides": [2.0, 2]}):
         with pytest.raises(TypeError):
-            runtime.convolution_backward_data(dd, w, **bad)
+            convgrad.convolution_backward_data(dd, w, **bad)

@@ -1,4 +1,4 @@
-"""ONNX models in, gradient-op layers out (runtime.onnx_layers.load_onnx).
+"""ONNX models in, gradient-op layers out (convgrad.onnx_layers.load_onnx).
 
 Each model is built here with onnx.helper. The layers are checked three ways: their
 ops, shapes and attributes against values worked out by hand; every kernel against the
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference import reference
 
-import runtime
-from runtime.onnx_layers import load_onnx
+import convgrad
+from convgrad.onnx_layers import load_onnx
+from convgrad.reference import reference
 
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
@@ -189,10 +189,10 @@ def _onnx_forward(node, x, w):
 
 
 def _run(layer, rng):
-    """runtime.execute and the numpy reference on random integers; asserts they agree."""
+    """convgrad.execute and the numpy reference on random integers; asserts they agree."""
     arrays = [rng.integers(-3, 4, size=s).astype(np.float32) for s in layer.inputs[:2]]
     inputs = arrays + [np.array(v) for v in layer.inputs[2:]]
-    result = runtime.execute(layer.op, inputs, layer.attrs)
+    result = convgrad.execute(layer.op, inputs, layer.attrs)
     expected = reference(layer.op, inputs, layer.attrs).astype(np.float32)
     assert result.shape == expected.shape == layer.resolve().output_shape
     np.testing.assert_array_equal(result, expected)
@@ -219,7 +219,7 @@ def test_kernels_match_reference_and_onnx(name, tmp_path):
     (dy, w), diff_x = _run(data, rng)
     x = rng.integers(-3, 4, size=weights.inputs[0]).astype(np.float32)
     kernel = np.array(weights.inputs[2])
-    diff_w = runtime.execute(weights.op, [x, dy, kernel], weights.attrs)
+    diff_w = convgrad.execute(weights.op, [x, dy, kernel], weights.attrs)
     np.testing.assert_array_equal(
         diff_w, reference(weights.op, [x, dy, kernel], weights.attrs).astype(np.float32))
     _run(weights, rng)
@@ -307,7 +307,7 @@ def test_missing_onnx_package_is_a_clear_error(tmp_path, monkeypatch):
 def test_aot_command_reads_onnx(tmp_path):
     path = _symbolic_batch_model(tmp_path / "model.onnx")
     result = subprocess.run(
-        [sys.executable, "-m", "runtime.aot", str(path), "-o", str(tmp_path / "aot"),
+        [sys.executable, "-m", "convgrad", "aot", str(path), "-o", str(tmp_path / "aot"),
          "--batch", "2", "-j", "2", "--check"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

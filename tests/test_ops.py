@@ -13,13 +13,13 @@ import pytest
 from cases import DATA_OPS, DTYPES, SHAPE_NAMES, TRANSPOSE, make_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from reference import OP_KINDS
 
-import runtime
-from codegen import KernelConfig
-from runtime import api
+import convgrad
+from convgrad import api
+from convgrad.codegen import KernelConfig
+from convgrad.reference import OP_KINDS
 
-FUNCTIONS = {spec.kind: getattr(runtime, spec.function) for spec in api.OPS.values()}
+FUNCTIONS = {spec.kind: getattr(convgrad, spec.function) for spec in api.OPS.values()}
 
 
 def assert_exact(case, result):
@@ -37,7 +37,7 @@ def assert_equal_with_nans(result, expected):
 
 
 def run_case(case, **kwargs):
-    result = runtime.execute(case.op, case.inputs, case.attrs, **kwargs)
+    result = convgrad.execute(case.op, case.inputs, case.attrs, **kwargs)
     assert_exact(case, result)
     return result
 
@@ -143,7 +143,7 @@ def test_shape_input_wins_over_attribute(op):
                      attrs=dict(pads_begin=1, pads_end=1))
     wrong = [7, 7] if op in DATA_OPS else [1, 1]
     case.attrs[SHAPE_NAMES[op]] = wrong  # the input must win
-    result = runtime.execute(case.op, case.inputs, case.attrs)
+    result = convgrad.execute(case.op, case.inputs, case.attrs)
     case.attrs.pop(SHAPE_NAMES[op])
     assert_exact(case, result)
 
@@ -160,9 +160,9 @@ def test_functions_match_execute(op):
 @pytest.mark.parametrize("op", OP_KINDS)
 def test_out_argument(op):
     case = make_case(op, spatial=(5, 4), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1))
-    expected = runtime.execute(case.op, case.inputs, case.attrs)
+    expected = convgrad.execute(case.op, case.inputs, case.attrs)
     out = np.full_like(expected, 99)
-    result = runtime.execute(case.op, case.inputs, case.attrs, out=out)
+    result = convgrad.execute(case.op, case.inputs, case.attrs, out=out)
     assert result is out
     assert_exact(case, out)
 
@@ -171,7 +171,7 @@ def test_out_argument(op):
 def test_empty_batch(op):
     case = make_case(op, spatial=(5, 4), kernel=(3, 3), batch=0,
                      attrs=dict(pads_begin=1, pads_end=1))
-    result = runtime.execute(case.op, case.inputs, case.attrs)
+    result = convgrad.execute(case.op, case.inputs, case.attrs)
     expected = case.expected(np.float32)
     assert result.shape == expected.shape
     if op in DATA_OPS:
@@ -195,7 +195,7 @@ def test_rounding_is_to_nearest_even(dtype, base):
     offsets = np.arange(1, 17, dtype=np.float32)
     diff_dst = np.stack([np.full_like(offsets, base), offsets], axis=-1)[None]  # N, W, C=2
     weights = np.ones((1, 1, 2), dtype=np.float32)  # X=1, I=1, O=2
-    result = runtime.convolution_backward_data(diff_dst.astype(np_dtype),
+    result = convgrad.convolution_backward_data(diff_dst.astype(np_dtype),
                                                weights.astype(np_dtype))
     exact = base + offsets
     # Odd sums lie halfway between two neighbours; the even one is the multiple of 4.
@@ -215,14 +215,14 @@ def test_thread_counts_agree(op, threads, groups, in_channels, out_channels):
                      attrs=dict(pads_begin=1, pads_end=1))
     # Non-integer data: the order of the sums shows in the bits.
     case.inputs[:2] = [rng.standard_normal(x.shape).astype(np.float32) for x in case.inputs[:2]]
-    one = runtime.execute(case.op, case.inputs, case.attrs, num_threads=1)
-    many = runtime.execute(case.op, case.inputs, case.attrs, num_threads=threads)
+    one = convgrad.execute(case.op, case.inputs, case.attrs, num_threads=1)
+    many = convgrad.execute(case.op, case.inputs, case.attrs, num_threads=threads)
     np.testing.assert_array_equal(one, many)
     # f32 sums of ~6000 products of normal values: rounding, bounded loosely
     np.testing.assert_allclose(one, case.expected(np.float32), rtol=1e-4, atol=2e-3)
 
 
-ISAS = runtime.cpu.available_isas()
+ISAS = convgrad.cpu.available_isas()
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -280,7 +280,7 @@ def test_nan_reaches_exactly_the_results_it_touches(op, dtype, data_format):
     if case.inputs[1].ndim == first.ndim and case.inputs[1].shape[0] == first.shape[0]:
         second = case.inputs[1]  # weight gradients: a NaN in diff_dst too
         second[(1,) + (2,) * (second.ndim - 1)] = np.nan
-    result = runtime.execute(case.op, case.inputs, case.attrs)
+    result = convgrad.execute(case.op, case.inputs, case.attrs)
     expected = case.expected(result.dtype)
     assert np.isnan(expected).any() and not np.isnan(expected).all()
     assert_equal_with_nans(result, expected)
@@ -300,7 +300,7 @@ def test_weight_gradient_of_inf_at_a_padded_border(op, dtype, data_format, in_ch
                      attrs=dict(pads_begin=[1, 1], pads_end=[1, 1]))
     diff = case.inputs[1]  # diff_dst (the ConvTranspose op's own src) of the weight gradient
     diff[(0, 2, 0, 0) if data_format == "NXC" else (0, 0, 2, 0)] = np.inf
-    result = runtime.execute(case.op, case.inputs, case.attrs)
+    result = convgrad.execute(case.op, case.inputs, case.attrs)
     expected = case.expected(result.dtype)
     assert np.isinf(expected).any()
     assert_equal_with_nans(result, expected)
@@ -333,7 +333,7 @@ def test_bf16_denormal_result_is_kept(data_format):
     first = diff_dst.astype(bf16)
     if data_format == "NCX":
         first = np.ascontiguousarray(np.moveaxis(first, -1, 1))
-    result = runtime.execute("ConvolutionBackwardData",
+    result = convgrad.execute("ConvolutionBackwardData",
                              [first, weights.astype(bf16), np.array([5, 1])],
                              dict(data_format=data_format, weights_format="XIO"))
     np.testing.assert_array_equal(result.astype(np.float32), np.float32(0.25 * tiny))
@@ -366,7 +366,7 @@ def test_infer_shape_matches_results():
         shapes = [case.inputs[0].shape, case.inputs[1].shape]
         if len(case.inputs) > 2:
             shapes.append(list(case.inputs[2]))
-        assert runtime.infer_shape(op, shapes, case.attrs) == case.expected(np.float32).shape
+        assert convgrad.infer_shape(op, shapes, case.attrs) == case.expected(np.float32).shape
 
 
 @st.composite

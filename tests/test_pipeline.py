@@ -14,10 +14,10 @@ import pytest
 from cases import make_case
 from test_ops import assert_exact
 
-import runtime
-from codegen import render
-from runtime import aot, cache, kernels
-from runtime.cpu import selected_isa
+import convgrad
+from convgrad import aot, cache, kernels
+from convgrad.codegen import render
+from convgrad.cpu import selected_isa
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,14 +30,14 @@ def _case(seed=0):
 
 def _kernel_for(case):
     shapes = [x.shape for x in case.inputs[:2]]
-    problem = runtime.api.resolve(case.op, shapes, case.attrs, case.inputs[2:] and
+    problem = convgrad.api.resolve(case.op, shapes, case.attrs, case.inputs[2:] and
                                   case.inputs[2].tolist() or None)
     return kernels.get_kernel(problem.config.with_isa(selected_isa()))
 
 
 def test_first_call_compiles_then_memory_then_disk(fresh_cache, monkeypatch):
     case = _case()
-    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
     kernel = _kernel_for(case)
     assert kernel.origin == "compiled"
     assert kernel.path.parent == fresh_cache and kernel.path.exists()
@@ -49,11 +49,11 @@ def test_first_call_compiles_then_memory_then_disk(fresh_cache, monkeypatch):
 
     monkeypatch.setattr(cache, "render", forbidden)
     monkeypatch.setattr(cache, "compile_objects", forbidden)
-    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
     # After forgetting loaded kernels: loaded from disk, still no compiling.
     kernels.reset()
     assert _kernel_for(case).origin == "cache"
-    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
 
 
 def _write_compiler_spy(folder: Path) -> Path:
@@ -68,10 +68,10 @@ def _write_compiler_spy(folder: Path) -> Path:
 def test_new_process_loads_from_disk_without_compiling(fresh_cache, tmp_path):
     spy = _write_compiler_spy(tmp_path)
     script = textwrap.dedent("""
-        import numpy as np, runtime
-        from runtime import kernels
+        import numpy as np, convgrad
+        from convgrad import kernels
         dd = np.ones((1, 4, 4, 2), np.float32); w = np.ones((3, 3, 2, 2), np.float32)
-        runtime.convolution_backward_data(dd, w, strides=2)
+        convgrad.convolution_backward_data(dd, w, strides=2)
         print(next(iter(kernels._loaded.values())).origin)
     """)
     env = {**os.environ, "CONVGRAD_CACHE_DIR": str(fresh_cache), "CC": str(spy)}
@@ -86,8 +86,8 @@ def test_new_process_loads_from_disk_without_compiling(fresh_cache, tmp_path):
 
 def test_processes_exit_cleanly_after_parallel_kernels(tmp_path):
     """Unloading OpenMP under its idle worker threads at exit once crashed the process."""
-    script = ("import numpy as np, runtime\n"
-              "runtime.convolution_backward_weights(np.ones((2, 6, 6, 4), np.float32), "
+    script = ("import numpy as np, convgrad\n"
+              "convgrad.convolution_backward_weights(np.ones((2, 6, 6, 4), np.float32), "
               "np.ones((2, 4, 4, 4), np.float32), weights_shape=[3, 3], num_threads=2)\n")
     for _ in range(6):
         result = subprocess.run([sys.executable, "-c", script], capture_output=True, cwd=ROOT)
@@ -98,33 +98,33 @@ def test_processes_exit_cleanly_after_parallel_kernels(tmp_path):
 def test_corrupted_cache_entry_is_rebuilt(fresh_cache, damage):
     case = _case(seed=4)
     shapes = [x.shape for x in case.inputs[:2]]
-    config = runtime.api.resolve(case.op, shapes, case.attrs).config.with_isa(selected_isa())
+    config = convgrad.api.resolve(case.op, shapes, case.attrs).config.with_isa(selected_isa())
     path, compiled = cache.build(config)  # built, never loaded by this process
     assert compiled
     if damage == "foreign":
         path.write_bytes(b"not a shared library")
     else:
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
     assert _kernel_for(case).origin == "compiled"
 
 
 def test_missing_compiler_gives_clear_error(fresh_cache, monkeypatch):
     monkeypatch.setenv("CC", "/nonexistent/convgrad-cc")
-    from runtime import compiler
+    from convgrad import compiler
     compiler._identity.cache_clear()
     case = _case(seed=1)
     with pytest.raises(compiler.CompilerNotFoundError, match="not found"):
-        runtime.execute(case.op, case.inputs, case.attrs)
+        convgrad.execute(case.op, case.inputs, case.attrs)
     compiler._identity.cache_clear()
 
 
 def test_compile_error_shows_compiler_output(fresh_cache, monkeypatch):
     monkeypatch.setenv("CONVGRAD_CFLAGS", "-DCONVGRAD_BROKEN -include /nonexistent/header.h")
-    from runtime import compiler
+    from convgrad import compiler
     case = _case(seed=2)
     with pytest.raises(compiler.CompileError, match="header.h"):
-        runtime.execute(case.op, case.inputs, case.attrs)
+        convgrad.execute(case.op, case.inputs, case.attrs)
 
 
 LAYERS = [
@@ -140,12 +140,12 @@ LAYERS = [
 def test_aot_manifest_names_the_isa_its_kernels_use(tmp_path):
     """An f32 build on an AVX512-BF16 CPU is an avx512 build: its manifest must not
     demand avx512_bf16 (avx512bf16 adds nothing for f32)."""
-    from codegen.plan import ISA_FEATURES
+    from convgrad.codegen.plan import ISA_FEATURES
 
     layer_file = tmp_path / "layers.json"
     layer_file.write_text(json.dumps(LAYERS[:1]))  # one f32 layer
     out = tmp_path / "aot"
-    subprocess.run([sys.executable, "-m", "runtime.aot", str(layer_file), "-o", str(out)],
+    subprocess.run([sys.executable, "-m", "convgrad", "aot", str(layer_file), "-o", str(out)],
                    check=True, cwd=ROOT, capture_output=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert {entry["config"]["isa"] for entry in manifest["kernels"]} == {manifest["isa"]}
@@ -156,7 +156,7 @@ def test_aot_build_runs_without_a_compiler(tmp_path):
     layer_file = tmp_path / "layers.json"
     layer_file.write_text(json.dumps(LAYERS))
     out = tmp_path / "aot"
-    subprocess.run([sys.executable, "-m", "runtime.aot", str(layer_file), "-o", str(out),
+    subprocess.run([sys.executable, "-m", "convgrad", "aot", str(layer_file), "-o", str(out),
                     "-j", "2"], check=True, cwd=ROOT, capture_output=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert len(manifest["kernels"]) == 2
@@ -168,16 +168,16 @@ def test_aot_build_runs_without_a_compiler(tmp_path):
     script = textwrap.dedent(f"""
         import json, sys
         sys.path.insert(0, {str(ROOT / "tests")!r})
-        import numpy as np, runtime
-        from runtime import kernels
-        from reference import reference
+        import numpy as np, convgrad
+        from convgrad import kernels
+        from convgrad.reference import reference
         import ml_dtypes
         rng = np.random.default_rng(0)
         for layer in json.load(open({str(layer_file)!r})):
             dtype = {{"bf16": ml_dtypes.bfloat16}}.get(layer.get("dtype"), np.float32)
             inputs = [rng.integers(-2, 3, s).astype(dtype) for s in layer["inputs"][:2]]
             inputs += layer["inputs"][2:]
-            got = runtime.execute(layer["op"], inputs, layer["attrs"])
+            got = convgrad.execute(layer["op"], inputs, layer["attrs"])
             want = reference(layer["op"], inputs, layer["attrs"]).astype(dtype)
             assert np.array_equal(got, want), layer["name"]
         print(sorted({{k.origin for k in kernels._loaded.values()}}))
@@ -195,7 +195,7 @@ def test_aot_main_job_checks_resnet_layers(tmp_path):
     shapes = tmp_path / "shapes"
     shapes.write_text('mb2ic16ih9oc8oh9kh3ph1n"tiny:3x3"\n'
                       'g1mb2ic8ih10iw10oc16oh5ow5kh1kw1sh2sw2ph0pw0n"tiny:1x1s2"\n')
-    result = subprocess.run([sys.executable, "-m", "runtime.aot", str(shapes), "-o",
+    result = subprocess.run([sys.executable, "-m", "convgrad", "aot", str(shapes), "-o",
                              str(tmp_path / "out"), "--check"], cwd=ROOT, capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stderr
@@ -203,33 +203,16 @@ def test_aot_main_job_checks_resnet_layers(tmp_path):
     assert result.stdout.count("exact") >= 4
 
 
-def test_aot_resnet50_in_parallel_then_runs_without_a_compiler(tmp_path):
-    """The built-in ResNet-50 list: built with two jobs, progress and a summary; then every
-    layer runs from the library with CC pointing at a missing binary."""
-    out = tmp_path / "resnet"
-    build = subprocess.run([sys.executable, "-m", "runtime.aot", "-o", str(out), "-j", "2"],
-                           cwd=ROOT, capture_output=True, text=True)
-    assert build.returncode == 0, build.stderr
-    assert "compiled 40/40 kernels" in build.stderr  # progress (a bar on a terminal)
-    assert "built 40 kernels for 40 layers" in build.stdout
-    env = {**os.environ, "CC": "/nonexistent/cc", "CONVGRAD_CACHE_DIR": str(tmp_path / "c")}
-    check = subprocess.run([sys.executable, "-m", "runtime.aot", "-o", str(out), "--no-build",
-                            "--check"], cwd=ROOT, env=env, capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert "40 of 40 layers exact and served by the AOT library" in check.stdout
-    assert not (tmp_path / "c").exists() or not list((tmp_path / "c").glob("*.so"))
-
-
 def test_aot_kernels_for_another_cpu_are_refused_clearly(tmp_path, monkeypatch):
     layer_file = tmp_path / "layers.json"
     layer_file.write_text(json.dumps(LAYERS[:1]))
     out = tmp_path / "aot"
-    subprocess.run([sys.executable, "-m", "runtime.aot", str(layer_file), "-o", str(out),
+    subprocess.run([sys.executable, "-m", "convgrad", "aot", str(layer_file), "-o", str(out),
                     "--isa", "avx2"], check=True, cwd=ROOT, capture_output=True)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["isa"] == "avx2" and "avx2" in manifest["cpu_features"]
     # This process now believes its CPU runs only the portable path, and has no compiler.
-    from runtime import compiler, cpu
+    from convgrad import compiler, cpu
     monkeypatch.setattr(kernels, "available_isas", lambda: ("portable",))
     monkeypatch.setattr(cpu, "available_isas", lambda: ("portable",))
     monkeypatch.setattr(kernels, "cpu_features", lambda: frozenset())
@@ -242,7 +225,7 @@ def test_aot_kernels_for_another_cpu_are_refused_clearly(tmp_path, monkeypatch):
     inputs = [np.ones(s, np.float32) for s in layer["inputs"]]
     try:
         with pytest.raises(compiler.CompilerNotFoundError, match="built for avx2.*cannot run"):
-            runtime.execute(layer["op"], inputs, layer["attrs"])
+            convgrad.execute(layer["op"], inputs, layer["attrs"])
     finally:
         compiler._identity.cache_clear()
         kernels.reset()
@@ -254,8 +237,8 @@ AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"}
 def test_isa_paths_follow_cpu_features():
     """avx512bf16 needs AVX512-BF16 on top of AVX-512; without it bf16 falls back to the
     f32-widening avx512 path, and f32/f16 kernels are the avx512 ones either way."""
-    from codegen import KernelConfig
-    from codegen.plan import ISA_FLAGS, runnable_isas, uses_bf16_dot
+    from convgrad.codegen import KernelConfig
+    from convgrad.codegen.plan import ISA_FLAGS, runnable_isas, uses_bf16_dot
 
     assert runnable_isas(AVX512) == ["avx512", "avx2", "portable"]
     assert runnable_isas(AVX512 | {"avx512_bf16"})[0] == "avx512bf16"
@@ -272,14 +255,14 @@ def test_isa_paths_follow_cpu_features():
     assert "_mm512_dpbf16_ps" not in render(config.with_isa("avx512"))
 
 
-@pytest.mark.skipif("avx512bf16" not in runtime.cpu.available_isas(),
+@pytest.mark.skipif("avx512bf16" not in convgrad.cpu.available_isas(),
                     reason="this CPU has no AVX512-BF16")
 def test_bf16_uses_the_dot_path_on_this_cpu():
     case = make_case("ConvolutionBackwardData", spatial=(5, 6), kernel=(3, 3),
                      in_channels=16, out_channels=32, dtype="bf16")
-    problem = runtime.api.resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs,
+    problem = convgrad.api.resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs,
                                   case.inputs[2] if len(case.inputs) > 2 else None, "bf16")
     config = problem.config.with_isa(selected_isa())
     assert config.isa == "avx512bf16"
-    assert_exact(case, runtime.execute(case.op, case.inputs, case.attrs))
+    assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
     assert kernels.get_kernel(config).config.isa == "avx512bf16"

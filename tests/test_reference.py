@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from reference import reference, reference_shape  # noqa: E402
+from convgrad.reference import reference, reference_shape  # noqa: E402
 
 DATA_OPS = ("ConvolutionBackpropData", "ConvolutionBackwardData")
 WEIGHTS_OPS = ("ConvolutionBackpropFilters", "ConvolutionBackwardWeights")

@@ -31,7 +31,7 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, {tests!r})
     import numpy as np
     from cases import DTYPES, make_case
-    from reference import OP_KINDS
+    from convgrad.reference import OP_KINDS
     from test_ops import run_case
     rng = np.random.default_rng({seed})
     done = 0

@@ -1,7 +1,7 @@
 /*
  * Calls two convgrad kernels built ahead of time, with no Python involved:
  *
- *   python -m runtime.aot examples/c_api/layers.json -o build/aot
+ *   convgrad aot examples/c_api/layers.json -o build/aot
  *   make -C examples/c_api AOT=../../build/aot
  *
  * Layer "example_data": ConvolutionBackwardData, diff_dst (1, 6, 5, 8) NXC, weights XIO

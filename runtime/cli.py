@@ -1,0 +1,205 @@
+"""The `convgrad` command (also `python -m convgrad`).
+
+    convgrad aot [LAYER_FILES...] [-o DIR] [--ops ...] [--isa ...] [--check]
+    convgrad cache show | clear
+
+Tables go to stdout and progress bars to stderr, both drawn by rich: one library
+for both, which also leaves out colours and redraws when the stream is not a
+terminal (progress is then silent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import convgrad
+from convgrad import aot, cache, kernels
+from convgrad.codegen import OPS, generator_version
+from convgrad.codegen.config import ISAS
+from convgrad.codegen.layers import DEFAULT_OPS
+from convgrad.cpu import available_isas
+
+
+def _stdout() -> Console:
+    # Not a terminal (a pipe, a log): no colours, and wide enough that no row wraps.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> Table:
+    table = Table(*header, box=box.SIMPLE_HEAD, show_edge=False)
+    for row in rows:
+        table.add_row(*map(str, row))
+    return table
+
+
+def _progress() -> Progress:
+    """A progress bar on stderr; silent when stderr is not a terminal."""
+    console = Console(stderr=True)
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.fields[item]}"),
+                    console=console, disable=not console.is_terminal)
+
+
+def _add_aot_parser(commands) -> None:
+    parser = commands.add_parser(
+        "aot", help="generate and build kernels ahead of time (and check them)",
+        description=aot.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("layers", nargs="*", type=Path,
+                        help="layer files: *.json, ONNX models (*.onnx: every Conv and "
+                             "ConvTranspose node's gradient ops; needs pip install onnx) or "
+                             "benchdnn descriptor files (default: the built-in ResNet-50 list)")
+    parser.add_argument("-o", "--output", type=Path, default=None,
+                        help="output folder (default: generated/ of a source checkout, else "
+                             "./generated)")
+    parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
+                        help="comma-separated op kinds generated for benchdnn shapes")
+    parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
+    parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
+    parser.add_argument("--weights-format", default=None,
+                        choices=["OIX", "XIO"], help="(ConvTranspose ops use IOX/XOI)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="batch of benchdnn and ONNX layers (default: the file's mb or "
+                             "the model's batch; required for a symbolic ONNX batch)")
+    parser.add_argument("--isa", default=None, choices=ISAS[::-1],
+                        help="target ISA (default: the best this machine runs); the manifest "
+                             "records the CPU features it needs")
+    parser.add_argument("--cc", default=None,
+                        help="C compiler (default: $CC, else cc), e.g. a cross compiler")
+    parser.add_argument("--cflags", default=None,
+                        help="extra compiler flags (default: $CONVGRAD_CFLAGS)")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                        help="parallel compilations (default: every core)")
+    parser.add_argument("--no-build", action="store_true",
+                        help="build nothing: use the kernels already in the output folder "
+                             "(with --check, proves they run without a compiler)")
+    parser.add_argument("--check", action="store_true",
+                        help="run every layer at batch 1 through the runtime, using the built "
+                             "library, compare with convgrad.reference bit for bit, and time "
+                             "it (median of --repeats calls after a warm-up)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed calls per layer with --check (default: 5)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of the --check calls (default: OMP_NUM_THREADS, else "
+                             "every core)")
+    parser.set_defaults(run=_aot)
+
+
+def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+    unknown = [o for o in ops if o not in OPS]
+    if unknown:
+        parser.error(f"unknown op kind(s) {unknown}; expected {list(OPS)}")
+    for name in ("jobs", "repeats", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be at least 1 (got {value})")
+    if args.cc:
+        os.environ["CC"] = args.cc
+    if args.cflags is not None:
+        os.environ["CONVGRAD_CFLAGS"] = args.cflags
+    output = args.output or aot.default_output()
+    isa = args.isa or available_isas()[0]
+    try:
+        layers = aot.read_layers(args.layers, ops=ops, dtype=args.dtype,
+                                 data_format=args.data_format,
+                                 weights_format=args.weights_format, batch=args.batch)
+    except (OSError, ValueError, TypeError, RuntimeError) as error:
+        parser.error(str(error))
+    out = _stdout()
+
+    if args.no_build:
+        configs, seconds = aot.kernels_of(layers, isa), {}
+    else:
+        print(f"convgrad {generator_version()}: {len(layers)} layers, isa {isa}, "
+              f"{args.jobs} jobs -> {output}", file=sys.stderr)
+        with _progress() as progress:
+            task = progress.add_task("compiling", total=None, item="")
+
+            def advance(done: int, total: int, name: str) -> None:
+                progress.update(task, completed=done, total=total, item=name)
+
+            result = aot.build(layers, output, isa=isa, jobs=args.jobs, progress=advance)
+        configs, seconds = result.configs, result.compile_seconds
+        out.print(_table(["kernel", "layers", "compile s"],
+                         [[c.name, len(users), f"{seconds[c]:.2f}"]
+                          for c, users in configs.items()]))
+        out.print(f"built {len(configs)} kernels for {len(layers)} layers into {output} "
+                  f"({aot.LIBRARY}, {aot.STATIC_LIBRARY}, {aot.HEADER}) in "
+                  f"{result.seconds:.1f} s")
+
+    if not args.check:
+        return 0
+    os.environ["CONVGRAD_AOT_PATH"] = str(output)
+    kernels.reset()
+    threads = args.threads or convgrad.get_num_threads()
+    rng = np.random.default_rng(0)
+    rows, failures = [], 0
+    with _progress() as progress:
+        task = progress.add_task("checking", total=len(layers), item="")
+        for config, users in configs.items():
+            for layer in users:
+                progress.update(task, item=layer.name)
+                outcome = aot.check_layer(layer, rng, repeats=args.repeats, num_threads=threads)
+                failures += not (outcome["exact"] and outcome["origin"] == "aot")
+                compile_s = f"{seconds[config]:.2f}" if config in seconds else "-"
+                rows.append([layer.name, layer.op, compile_s, outcome["origin"],
+                             "exact" if outcome["exact"] else "MISMATCH",
+                             f"{outcome['ms']:.3f}", f"{outcome['gflops']:.1f}"])
+                progress.advance(task)
+    out.print(_table(["layer", "op", "compile s", "kernel from", "vs reference", "ms",
+                      "GFLOP/s"], rows))
+    out.print(f"ms and GFLOP/s: batch 1, {threads} thread{'s' if threads > 1 else ''}, the "
+              f"median of {args.repeats} calls after a warm-up")
+    out.print(f"{len(rows) - failures} of {len(rows)} layers exact and served by the AOT "
+              "library")
+    return 1 if failures else 0
+
+
+def _add_cache_parser(commands) -> None:
+    parser = commands.add_parser("cache", help="show or clear the kernel cache",
+                                 description="Show or clear the on-disk kernel cache "
+                                             "(CONVGRAD_CACHE_DIR).")
+    parser.add_argument("action", choices=["show", "clear"])
+    parser.set_defaults(run=_cache)
+
+
+def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    folder = cache.configured_dir()
+    found = cache.entries(folder) if folder.is_dir() else []
+    out = _stdout()
+    if args.action == "clear":
+        removed = cache.evict(folder, limit=0) if found else 0
+        out.print(f"removed {removed} kernels from {folder}")
+        return 0
+    out.print(f"{folder}: {len(found)} kernels, {sum(e['bytes'] for e in found) / 2**20:.1f} "
+              f"MB (cap {cache.max_bytes() / 2**20:.0f} MB, CONVGRAD_CACHE_MAX_MB)")
+    if found:
+        rows = [[time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"])),
+                 f"{e['bytes'] / 1024:.1f}", e["compiler"], e["library"].name]
+                for e in reversed(found)]
+        out.print(_table(["last used", "KB", "compiler", "kernel"], rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `convgrad` command."""
+    parser = argparse.ArgumentParser(
+        prog="convgrad", description="Specialized C kernels for the gradient ops of "
+                                     "convolution: ahead-of-time builds and the kernel cache.")
+    parser.add_argument("--version", action="version",
+                        version=f"convgrad {generator_version()}")
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+    _add_aot_parser(commands)
+    _add_cache_parser(commands)
+    args = parser.parse_args(argv)
+    return args.run(args, parser)
