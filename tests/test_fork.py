@@ -1,16 +1,20 @@
 """Kernel calls in processes forked after the parent ran kernels on several threads.
 
 libgomp (GCC's OpenMP runtime) cannot restart its worker threads in a forked child,
-so such a child runs kernels on one thread (convgrad.threads); it must never hang
-and its results must be exact."""
+so such a child runs kernels on one thread (convgrad.threads); LLVM's libomp (kernels
+built by clang) restarts them, so its children keep their threads. Either way a
+child must never hang and its results must be exact. CI installs clang and libomp."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import shutil
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,9 +52,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, parallel_first: bool) -> str:
+def _run(tmp_path, parallel_first: bool, compiler: str = "cc") -> str:
     script = SCRIPT.format(tests=str(ROOT / "tests"), parallel_first=parallel_first)
-    env = {"OMP_NUM_THREADS": "2", "CONVGRAD_AOT_PATH": "",
+    env = {"OMP_NUM_THREADS": "2", "CONVGRAD_AOT_PATH": "", "CC": compiler,
            "CONVGRAD_CACHE_DIR": str(ROOT / ".pytest_cache" / "convgrad-kernels")}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=tmp_path, timeout=120, env={**os.environ, **env})
@@ -59,10 +63,17 @@ def _run(tmp_path, parallel_first: bool) -> str:
 
 
 def test_children_forked_after_parallel_kernels_are_exact_on_one_thread(tmp_path):
-    # Without the fork handler each child waits forever for libgomp's lost workers.
+    # gcc's libgomp. Without the fork handler each child waits forever for lost workers.
     outcomes = _run(tmp_path, parallel_first=True)
     print("children forked after a 2-thread call used 1 thread each:", outcomes)
     assert outcomes == "[(True, 1), (True, 1), (True, 1)] [0, 0, 0] 2"
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="needs clang and libomp-dev")
+def test_children_keep_their_threads_under_llvm_openmp(tmp_path):
+    outcomes = _run(tmp_path, parallel_first=True, compiler="clang")
+    print("children of a process that ran clang/libomp kernels on 2 threads used 2:", outcomes)
+    assert outcomes == "[(True, 2), (True, 2), (True, 2)] [0, 0, 0] 2"
 
 
 def test_children_forked_before_any_parallel_kernel_keep_their_threads(tmp_path):
