@@ -8,9 +8,9 @@ child must never hang and its results must be exact. CI installs clang and libom
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 import textwrap
 from pathlib import Path
 
