@@ -250,7 +250,9 @@ def machine_info(peak: float) -> dict:
     return {
         "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),
+        "cpu_isas": list(available_isas()),
         "isa": selected_isa(),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
         "peak_f32_gflops_per_core": round(peak, 2),
         "torch": torch.__version__,
         "torch_mkldnn": bool(torch.backends.mkldnn.is_available()),
@@ -639,6 +641,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--aot", action="store_true",
                         help="let the runtime use ahead-of-time kernels (CONVGRAD_AOT_PATH "
                              "or generated/); by default they are ignored")
+    parser.add_argument("--isa", default=None, choices=list(ONEDNN_ISA),
+                        help="run convgrad's path for this ISA (CONVGRAD_ISA) and limit "
+                             "PyTorch's oneDNN to the same (ONEDNN_MAX_CPU_ISA) and MKL too "
+                             "(MKL_ENABLE_INSTRUCTIONS); default: the best this CPU runs, "
+                             "unlimited")
     parser.add_argument("--no-torch", action="store_true",
                         help="time convgrad only (PyTorch's CPU f16 weight gradient runs at "
                              "~0.2 GFLOP/s: a full f16 set with it takes hours)")
@@ -655,7 +662,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--batch and --limit must be positive, --min-time not negative")
     if torch is None:
         parser.error("PyTorch is not installed: pip install -e '.[bench]'")
+    if args.isa and args.isa not in available_isas():
+        parser.error(f"--isa {args.isa}: this CPU runs {list(available_isas())}")
     return args
+
+
+# oneDNN's and MKL's names of the most each library may use on each convgrad path.
+ONEDNN_ISA = {"avx512bf16": ("AVX512_CORE_BF16", "AVX512_E2"), "avx512": ("AVX512_CORE", "AVX512"),
+              "avx2": ("AVX2", "AVX2"), "portable": ("SSE41", "SSE4_2")}
+
+
+def limit_isa(isa: str) -> dict[str, str]:
+    """The environment that puts convgrad and PyTorch on the same ISA path. oneDNN
+    reads ONEDNN_MAX_CPU_ISA at its first primitive, so this is set before any call."""
+    onednn, mkl = ONEDNN_ISA[isa]
+    return {"CONVGRAD_ISA": isa, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -676,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     saved_torch_threads = torch.get_num_threads()
     with contextlib.ExitStack() as stack:
         updates = {} if args.aot else {"CONVGRAD_AOT_PATH": ""}
+        if args.isa:
+            updates.update(limit_isa(args.isa))
         if not args.keep_cache:
             updates["CONVGRAD_CACHE_DIR"] = stack.enter_context(
                 tempfile.TemporaryDirectory(prefix="convgrad-bench-cache-"))
@@ -683,12 +706,13 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(convgrad.set_num_threads, None)
         stack.callback(torch.set_num_threads, saved_torch_threads)
 
-        isa = available_isas()[0]
+        isa = selected_isa()
         peak = measure_peak(isa)
         machine = machine_info(peak)
         print(f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; convgrad "
               f"{machine['convgrad_generator']} ({machine['isa']}), torch {machine['torch']}")
-        print(f"f32 FMA peak ({isa}, 1 thread): {peak:.1f} GFLOP/s per core")
+        print(f"f32 FMA peak ({isa}, 1 thread): {peak:.1f} GFLOP/s per core; PyTorch's "
+              f"oneDNN limited to {machine['onednn_max_cpu_isa']}")
         overhead, tiny_config = measure_call_overhead(args)
         overhead.update(measure_cached_load(tiny_config))
         print(f"call on a tiny problem: convgrad {overhead['ours_tiny_call_us']:.1f} us, "
