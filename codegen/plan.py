@@ -45,6 +45,9 @@ MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3}
 MAX_TILE_ROWS = 14
 WEIGHT_CHUNK_BYTES = 512 * 1024  # half of a 1 MB L2 (Zen 4, Sapphire Rapids: 2 MB)
 
+# Products a register accumulates before adding them to a sum in memory (fixed order).
+PARTIAL_PRODUCTS = 64
+
 # Tap loops longer than this stay loops instead of being unrolled.
 MAX_UNROLLED_TAPS = 16
 
@@ -124,7 +127,11 @@ def weight_tiles(config: KernelConfig) -> dict:
     rows = min(rows, total)
     rows_last = total - (-(-total // rows) - 1) * rows
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
-    return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w}
+    # Registers add at most this many products (pixel pairs: twice as many) before their
+    # sums join the running total: short chains keep long reductions accurate.
+    partial = PARTIAL_PRODUCTS // 2 if uses_bf16_dot(config) else PARTIAL_PRODUCTS
+    return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w,
+            "partial_pixels": partial}
 
 
 def depthwise_weight_rows(config: KernelConfig) -> dict:
