@@ -46,7 +46,7 @@ MAX_TILE_ROWS = 14
 WEIGHT_CHUNK_BYTES = 512 * 1024  # half of a 1 MB L2 (Zen 4, Sapphire Rapids: 2 MB)
 
 # Products a register accumulates before adding them to a sum in memory (fixed order).
-PARTIAL_PRODUCTS = 64
+PARTIAL_PRODUCTS = 128
 
 # Tap loops longer than this stay loops instead of being unrolled.
 MAX_UNROLLED_TAPS = 16
