@@ -73,6 +73,13 @@ def uses_bf16_dot(config: KernelConfig) -> bool:
     return config.dtype == "bf16" and config.isa == "avx512bf16" and not is_depthwise(config)
 
 
+def partial_steps(config: KernelConfig) -> int:
+    """Multiply steps a register takes before its sum joins the running total in memory,
+    in a fixed order (short chains keep long reductions accurate); a vdpbf16ps step
+    adds two products."""
+    return PARTIAL_PRODUCTS // 2 if uses_bf16_dot(config) else PARTIAL_PRODUCTS
+
+
 def direct_tiles(config: KernelConfig) -> dict:
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
@@ -100,7 +107,7 @@ def direct_tiles(config: KernelConfig) -> dict:
     chunk = -(-reduced // passes)
     chunk += chunk % 2 if passes > 1 else 0
     return {"tile_rows": rows, "vec_block": block, "vec_last": last, "tiles": tiles,
-            "reduce_chunk": chunk,
+            "reduce_chunk": chunk, "partial_steps": partial_steps(config),
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
             "pointwise": all(k == 1 for k in config.kernel) and all(
                 s == 1 for s in config.strides)}
@@ -127,11 +134,8 @@ def weight_tiles(config: KernelConfig) -> dict:
     rows = min(rows, total)
     rows_last = total - (-(-total // rows) - 1) * rows
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
-    # Registers add at most this many products (pixel pairs: twice as many) before their
-    # sums join the running total: short chains keep long reductions accurate.
-    partial = PARTIAL_PRODUCTS // 2 if uses_bf16_dot(config) else PARTIAL_PRODUCTS
     return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w,
-            "partial_pixels": partial}
+            "partial_pixels": partial_steps(config)}
 
 
 def depthwise_weight_rows(config: KernelConfig) -> dict:
