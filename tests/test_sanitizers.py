@@ -62,15 +62,45 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(ASAN is None or UBSAN is None, reason="needs gcc's libasan and libubsan")
-@pytest.mark.parametrize("seed", [1, 2])
-def test_random_configurations_under_sanitizers(tmp_path, seed):
+# Long reductions: many partial sums per tile, split inside rows and taps.
+LONG_REDUCTIONS = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from cases import make_case
+    from test_ops import run_case
+    for op, channels, fmt, dtype in [
+            ("ConvolutionBackwardWeights", (24, 20), "NXC", "f32"),
+            ("ConvTransposeBackwardWeights", (2, 20), "NXC", "f32"),
+            ("ConvolutionBackwardWeights", (3, 20), "NCX", "bf16"),
+            ("ConvolutionBackwardData", (20, 150), "NXC", "f32"),
+            ("ConvTransposeBackwardData", (150, 5), "NCX", "bf16")]:
+        case = make_case(op, spatial=(13, 11), kernel=(3, 2), in_channels=channels[0],
+                         out_channels=channels[1], batch=2, data_format=fmt, dtype=dtype,
+                         attrs=dict(pads_begin=[1, 0], pads_end=[1, 1]))
+        run_case(case, num_threads=2)
+    print("ok")
+""")
+
+
+def _run_sanitized(script: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "CONVGRAD_SANITIZE": "1", "LD_PRELOAD": f"{ASAN} {UBSAN}",
            "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
            "CONVGRAD_CACHE_DIR": str(ROOT / ".pytest_cache" / "convgrad-sanitized"),
            "CONVGRAD_AOT_PATH": ""}
-    script = CHILD.format(tests=str(ROOT / "tests"), seed=seed, count=12)
-    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
-                            capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.skipif(ASAN is None or UBSAN is None, reason="needs gcc's libasan and libubsan")
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_configurations_under_sanitizers(seed):
+    result = _run_sanitized(CHILD.format(tests=str(ROOT / "tests"), seed=seed, count=12))
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.strip() == "ok 12"
+
+
+@pytest.mark.skipif(ASAN is None or UBSAN is None, reason="needs gcc's libasan and libubsan")
+def test_long_reductions_under_sanitizers():
+    result = _run_sanitized(LONG_REDUCTIONS.format(tests=str(ROOT / "tests")))
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.strip() == "ok"
