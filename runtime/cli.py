@@ -36,7 +36,9 @@ def _stdout() -> Console:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> Table:
-    table = Table(*header, box=box.SIMPLE_HEAD, show_edge=False)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for name in header:  # a narrow terminal folds long kernel names, never cuts them
+        table.add_column(name, overflow="fold")
     for row in rows:
         table.add_row(*map(str, row))
     return table
