@@ -49,13 +49,13 @@ from convgrad.reference import reference
 LIBRARY = "libconvgrad_kernels.so"
 STATIC_LIBRARY = "libconvgrad_kernels.a"
 HEADER = "convgrad_kernels.h"
+BUILTIN_SHAPES = "shapes_resnet_50"
+
 
 def default_output() -> Path:
     """generated/ of the source checkout this package runs from, else ./generated."""
     root = source_checkout()
     return root / "generated" if root else Path("generated")
-
-BUILTIN_SHAPES = "shapes_resnet_50"
 
 
 @dataclass

@@ -115,15 +115,20 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _entry_stem(config: KernelConfig) -> str:
+    """An entry's name up to its compiler tag: the same for every compiler."""
+    return f"{config.name}-{cache_key(config)[:16]}"
+
+
 def library_path(config: KernelConfig, folder: Path | None = None) -> Path:
     """This compiler's entry for `config` (CompilerNotFoundError without a compiler)."""
-    return (folder or cache_dir()) / f"{config.name}-{cache_key(config)[:16]}-{compiler_tag()}.so"
+    return (folder or cache_dir()) / f"{_entry_stem(config)}-{compiler_tag()}.so"
 
 
 def cached_libraries(config: KernelConfig, folder: Path | None = None) -> list[Path]:
     """The valid entries of `config` built by any compiler, in name order."""
-    pattern = f"{config.name}-{cache_key(config)[:16]}-*.so"
-    return sorted(p for p in (folder or cache_dir()).glob(pattern) if is_valid(p))
+    found = (folder or cache_dir()).glob(f"{_entry_stem(config)}-*.so")
+    return sorted(p for p in found if is_valid(p))
 
 
 def is_valid(library: Path) -> bool:
