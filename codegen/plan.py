@@ -134,8 +134,14 @@ def weight_tiles(config: KernelConfig) -> dict:
     rows = min(rows, total)
     rows_last = total - (-(-total // rows) - 1) * rows
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
+    # Tiles broadcast src values, so NCX src needs no transpose: each tile row is a
+    # stream along the pixels of one channel (f32 is read in place, f16/bf16 widened in
+    # their order). Only diff_dst, the vector operand, is made channels-last.
+    src_channels_first = (config.data_format == "NCX" and not flatten_w
+                          and not uses_bf16_dot(config))
     return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w,
-            "partial_pixels": partial_steps(config)}
+            "partial_pixels": partial_steps(config), "src_channels_first": src_channels_first,
+            "src_in_place": src_channels_first and config.dtype == "f32"}
 
 
 def depthwise_weight_rows(config: KernelConfig) -> dict:

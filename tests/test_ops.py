@@ -241,6 +241,33 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
     run_case(case)
 
 
+NCX_WEIGHT_GEOMETRY = {
+    # 1x1 stride 1 without pads: each image's pixels are one run of every channel
+    "pointwise": dict(spatial=(5, 7), kernel=(1, 1), batch=3, groups=1),
+    # runs of one row each, cut by pads; stride, dilation, groups, rows no tap reads
+    "strided": dict(spatial=(9, 8), kernel=(3, 2), batch=2, groups=2,
+                    attrs=dict(strides=[3, 1], dilations=[1, 2], pads_begin=[1, 2],
+                               pads_end=[0, 1])),
+    # 1-D with a kernel wider than the image's pads: runs that merge across images do not
+    "1d": dict(spatial=(11,), kernel=(4,), batch=3, groups=1,
+               attrs=dict(pads_begin=[2], pads_end=[1])),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardWeights", "ConvTransposeBackwardWeights"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+@pytest.mark.parametrize("geometry", sorted(NCX_WEIGHT_GEOMETRY))
+def test_weight_gradient_reads_ncx_src_in_order(isa, op, dtype, geometry, monkeypatch):
+    """NCX weight gradients broadcast src along its pixels (f32 in place, f16/bf16
+    widened in their order) and merge a row's run into the last one where both inputs
+    continue it: channel tails, groups and every ISA path."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case(op, **NCX_WEIGHT_GEOMETRY[geometry], in_channels=38, out_channels=22,
+                     data_format="NCX", dtype=dtype, seed=5)
+    run_case(case)
+
+
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])

@@ -72,12 +72,18 @@ LONG_REDUCTIONS = textwrap.dedent("""
             ("ConvolutionBackwardWeights", (24, 20), "NXC", "f32"),
             ("ConvTransposeBackwardWeights", (2, 20), "NXC", "f32"),
             ("ConvolutionBackwardWeights", (3, 20), "NCX", "bf16"),
+            ("ConvolutionBackwardWeights", (24, 20), "NCX", "f32"),
+            ("ConvTransposeBackwardWeights", (24, 20), "NCX", "f16"),
             ("ConvolutionBackwardData", (20, 150), "NXC", "f32"),
             ("ConvTransposeBackwardData", (150, 5), "NCX", "bf16")]:
         case = make_case(op, spatial=(13, 11), kernel=(3, 2), in_channels=channels[0],
                          out_channels=channels[1], batch=2, data_format=fmt, dtype=dtype,
                          attrs=dict(pads_begin=[1, 0], pads_end=[1, 1]))
         run_case(case, num_threads=2)
+    from test_ops import NCX_WEIGHT_GEOMETRY  # src read in its own order, merged runs
+    for geometry in NCX_WEIGHT_GEOMETRY.values():
+        run_case(make_case("ConvolutionBackwardWeights", **geometry, in_channels=38,
+                           out_channels=22, data_format="NCX"), num_threads=2)
     print("ok")
 """)
 
