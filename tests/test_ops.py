@@ -268,6 +268,26 @@ def test_weight_gradient_reads_ncx_src_in_order(isa, op, dtype, geometry, monkey
     run_case(case)
 
 
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_weight_gradient_chunks_by_pixels_or_by_bytes(data_format):
+    """Weight sums that stay in L2 take chunks of about 128 pixels; larger ones chunks of
+    1 MB of rows. Both run several chunks here (rows of 5 pixels: 104 rows are 5 small
+    chunks, or 2 large ones for 280 x 300 channels)."""
+    from convgrad.codegen.plan import weight_tiles
+
+    def config(channels):
+        return KernelConfig("bwd_weights", (3, 3), (1, 1), (1, 1), 1, channels, channels,
+                            data_format, "XIO", "f32").with_isa(ISAS[0])
+
+    assert weight_tiles(config(20))["chunk_pixels"] > 0
+    assert weight_tiles(config(280))["chunk_pixels"] == 0
+    for channels in (20, 280):
+        case = make_case("ConvolutionBackwardWeights", spatial=(52, 5), kernel=(3, 3),
+                         in_channels=channels, out_channels=channels + 20, batch=2,
+                         data_format=data_format, attrs=dict(pads_begin=1, pads_end=1))
+        run_case(case, num_threads=2)
+
+
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
