@@ -80,6 +80,14 @@ SETS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "3d": ("shapes_3d", (
         "3d_conv_pad:1", "3d_conv_pad:4", "3d_conv:2", "vnet:conv3",
         "3d_gconv_channel-block-8", "3d_gconv_non-block_s2")),
+    # grouped layers: 2-128 channels per group
+    "resnext101": ("shapes_3d_resnext101", (
+        "Resnext:conv_3d:1", "Resnext:conv_3d:4", "Resnext:conv_3d:6", "Resnext:conv_3d:8",
+        "Resnext:conv_3d:11", "Resnext:conv_3d:15*2", "Resnext:conv_3d:19",
+        "Resnext:conv_3d:22", "Resnext:conv_3d:25")),
+    "gconv": ("shapes_3d", (
+        "3d_gconv_channel-block-16", "3d_gconv_channel-block-8", "3d_gconv_channel-block-4",
+        "3d_gconv_non-block", "3d_gconv_non-block_1x1", "3d_gconv_non-block_s2")),
 }
 BUNDLED = {"resnet50"}
 
