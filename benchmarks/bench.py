@@ -1,6 +1,6 @@
 """convgrad against PyTorch's CPU backward, side by side in one process.
 
-    python benchmarks/bench.py [--set resnet50|mobilenet_dw|dilated|1d|3d|all]
+    python benchmarks/bench.py [--set resnet50|mobilenet_dw|dilated|1d|3d|resnext101|gconv|all]
                                [--ops data,weights] [--threads 1,2] [--batch 8]
                                [--dtype f32|bf16|f16] [--data-format NXC|NCX]
                                [--min-time 0.3] [--limit N] [--keep-cache] [--out DIR]
