@@ -390,7 +390,7 @@ def _other_paths(dtype: str) -> list[str]:
     """ISA paths other than the one the full grid runs for `dtype` (an ISA that adds
     nothing for a dtype is its base path there: avx512bf16 for f32 is avx512)."""
     def path(isa: str) -> str:
-        return KernelConfig("fwd", (1,), (1,), (1,), 1, 1, 1, "NXC", "OIX", dtype).with_isa(
+        return KernelConfig("fwd", (1,), (1,), (1,), 1, 64, 64, "NXC", "OIX", dtype).with_isa(
             isa).isa
     return [isa for isa in ISAS[1:] if path(isa) == isa and path(isa) != path(ISAS[0])]
 

@@ -244,7 +244,7 @@ def test_isa_paths_follow_cpu_features():
     assert runnable_isas(AVX512 | {"avx512_bf16"})[0] == "avx512bf16"
     assert runnable_isas({"avx512_bf16"}) == ["portable"]
     assert "-mavx512bf16" in ISA_FLAGS["avx512bf16"] and "-mavx512bf16" not in ISA_FLAGS["avx512"]
-    config = KernelConfig("bwd_data", (3,), (1,), (1,), 1, 8, 8, "NXC", "OIX", "bf16")
+    config = KernelConfig("bwd_data", (3,), (1,), (1,), 1, 16, 16, "NXC", "OIX", "bf16")
     assert uses_bf16_dot(config.with_isa("avx512bf16"))
     assert not uses_bf16_dot(config.with_isa("avx512"))
     for dtype in ("f32", "f16"):
@@ -253,6 +253,28 @@ def test_isa_paths_follow_cpu_features():
     generated = render(config.with_isa("avx512bf16"))
     assert "_mm512_dpbf16_ps" in generated
     assert "_mm512_dpbf16_ps" not in render(config.with_isa("avx512"))
+
+
+def test_few_vector_channels_take_the_avx2_path_on_avx512():
+    """Vectors over at most 8 channels (conv1's 3 input channels in its data gradient,
+    4-8 channels per group) run 8-lane kernels; bf16 keeps vdpbf16ps."""
+    from convgrad.codegen import KernelConfig
+
+    def config(family, groups, cin, cout, dtype="f32"):
+        return KernelConfig(family, (3, 3), (1, 1), (1, 1), groups, cin, cout, "NXC", "OIX",
+                            dtype)
+
+    assert config("bwd_data", 1, 3, 64).with_isa("avx512").isa == "avx2"
+    assert config("bwd_data", 1, 64, 3).with_isa("avx512").isa == "avx512"
+    assert config("fwd", 1, 64, 3).with_isa("avx512").isa == "avx2"
+    assert config("bwd_weights", 4, 16, 8).with_isa("avx512").isa == "avx2"
+    assert config("bwd_weights", 4, 8, 9).with_isa("avx512").isa == "avx512"
+    assert config("bwd_weights", 8, 1, 1).with_isa("avx512").isa == "avx2"  # depthwise
+    assert config("bwd_weights", 9, 1, 1).with_isa("avx512").isa == "avx512"
+    assert config("bwd_data", 1, 3, 64).with_isa("avx512bf16").isa == "avx2"
+    assert config("bwd_data", 1, 3, 64, "bf16").with_isa("avx512bf16").isa == "avx512bf16"
+    assert config("bwd_data", 1, 3, 64).with_isa("avx2").isa == "avx2"
+    assert config("bwd_data", 1, 3, 64).with_isa("portable").isa == "portable"
 
 
 @pytest.mark.skipif("avx512bf16" not in convgrad.cpu.available_isas(),
