@@ -93,11 +93,16 @@ class KernelConfig:
         return cls(**fields)
 
     @property
+    def depthwise(self) -> bool:
+        """One input and one output channel per group: tiles vectorise across groups."""
+        return self.groups > 1 and self.cin_per_group == self.cout_per_group == 1
+
+    @property
     def vector_channels(self) -> int:
         """Channels the kernel's vectors run over: every channel of a depthwise layer,
         else those of one group that are not reduced (bwd_data: src's; fwd and
         bwd_weights: dst's)."""
-        if self.groups > 1 and self.cin_per_group == self.cout_per_group == 1:
+        if self.depthwise:
             return self.groups
         return self.cin_per_group if self.family == "bwd_data" else self.cout_per_group
 

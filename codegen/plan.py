@@ -72,15 +72,10 @@ def best_isa(cpu_features: Iterable[str]) -> str:
     return runnable_isas(cpu_features)[0]
 
 
-def is_depthwise(config: KernelConfig) -> bool:
-    """One input and one output channel per group: tiles vectorise across groups."""
-    return config.groups > 1 and config.cin_per_group == config.cout_per_group == 1
-
-
 def uses_bf16_dot(config: KernelConfig) -> bool:
     """bf16 on a CPU with vdpbf16ps: the reductions multiply pairs of bf16 directly (the
     depthwise kernels reduce over taps and pixels of one channel and stay f32)."""
-    return config.dtype == "bf16" and config.isa == "avx512bf16" and not is_depthwise(config)
+    return config.dtype == "bf16" and config.isa == "avx512bf16" and not config.depthwise
 
 
 def partial_steps(config: KernelConfig) -> int:
@@ -94,12 +89,7 @@ def direct_tiles(config: KernelConfig) -> dict:
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
     lanes = VECTOR_LANES[config.isa]
-    if is_depthwise(config):
-        channels = config.groups
-    elif config.family == "bwd_data":
-        channels = config.cin_per_group
-    else:
-        channels = config.cout_per_group
+    channels = config.vector_channels
     vectors = -(-channels // lanes)
     block = min(vectors, MAX_VECTOR_BLOCK[config.isa])
     last = vectors - (-(-vectors // block) - 1) * block
@@ -172,11 +162,11 @@ def depthwise_weight_rows(config: KernelConfig) -> dict:
 
 def _body(config: KernelConfig) -> dict:
     """The template that computes this configuration, and its tiles."""
-    if config.family == "bwd_weights" and is_depthwise(config):
+    if config.family == "bwd_weights" and config.depthwise:
         return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config)}
     if config.family == "bwd_weights":
         return {"body": "bwd_weights.c.j2", **weight_tiles(config)}
-    body = "depthwise.c.j2" if is_depthwise(config) else "direct.c.j2"
+    body = "depthwise.c.j2" if config.depthwise else "direct.c.j2"
     return {"body": body, **direct_tiles(config)}
 
 
@@ -208,11 +198,11 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         "vl": VECTOR_LANES[config.isa],
         "bf16_dot": uses_bf16_dot(config),
         "regroup_pixels": config.family == "bwd_weights" and config.data_format == "NXC"
-        and not is_depthwise(config) and all(k == 1 for k in config.kernel)
+        and not config.depthwise and all(k == 1 for k in config.kernel)
         and all(s == 1 for s in config.strides),
         # f16/bf16 channels-last results: the last chunk's tiles round into the user's
         # tensor, with no f32 pass over the whole result.
         "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"
-        and config.family != "bwd_weights" and not is_depthwise(config),
+        and config.family != "bwd_weights" and not config.depthwise,
         **_body(config),
     }
