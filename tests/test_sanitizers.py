@@ -84,6 +84,11 @@ LONG_REDUCTIONS = textwrap.dedent("""
     for geometry in NCX_WEIGHT_GEOMETRY.values():
         run_case(make_case("ConvolutionBackwardWeights", **geometry, in_channels=38,
                            out_channels=22, data_format="NCX"), num_threads=2)
+    from test_ops import PACKED_WEIGHT_GEOMETRY  # chunks packed into panels
+    for geometry in PACKED_WEIGHT_GEOMETRY.values():
+        for fmt, dtype in (("NXC", "f32"), ("NCX", "bf16")):
+            run_case(make_case("ConvolutionBackwardWeights", **geometry, data_format=fmt,
+                               dtype=dtype), num_threads=2)
     print("ok")
 """)
 
