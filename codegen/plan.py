@@ -220,5 +220,6 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         # tensor, with no f32 pass over the whole result.
         "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"
         and config.family != "bwd_weights" and not config.depthwise,
+        "packed": False,  # weight gradients from packed panels copy no whole tensor
         **_body(config),
     }
