@@ -317,7 +317,7 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(data_format):
     """Weight sums that stay in L2 take chunks of about 128 pixels; larger ones chunks of
     1 MB of rows. Both run several chunks here (rows of 5 pixels: 104 rows are 5 small
     chunks, or 2 large ones for 280 x 300 channels)."""
-    from convgrad.codegen.plan import weight_tiles
+    from convgrad.codegen.plan import VECTOR_LANES, weight_tiles
 
     def config(channels):
         return KernelConfig("bwd_weights", (3, 3), (1, 1), (1, 1), 1, channels, channels,
@@ -325,6 +325,10 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(data_format):
 
     assert weight_tiles(config(20))["chunk_pixels"] > 0
     assert weight_tiles(config(280))["chunk_pixels"] == 0
+    # 9 taps x 700 x 700 channels (rounded up to whole vectors): 17.6 MB of sums, chunks
+    # of half that
+    lanes = VECTOR_LANES[config(700).isa]
+    assert weight_tiles(config(700))["chunk_bytes"] == 9 * 700 * -(-700 // lanes) * lanes * 2
     for channels in (20, 280):
         case = make_case("ConvolutionBackwardWeights", spatial=(52, 5), kernel=(3, 3),
                          in_channels=channels, out_channels=channels + 20, batch=2,
