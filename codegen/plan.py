@@ -183,7 +183,7 @@ def _body(config: KernelConfig) -> dict:
     if config.family == "bwd_weights":
         tiles = weight_tiles(config)
         body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
-        return {"body": body, **tiles}
+        return {"body": body, "no_scratch": tiles["packed"], **tiles}
     body = "depthwise.c.j2" if config.depthwise else "direct.c.j2"
     return {"body": body, **direct_tiles(config)}
 
@@ -222,6 +222,6 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         # tensor, with no f32 pass over the whole result.
         "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"
         and config.family != "bwd_weights" and not config.depthwise,
-        "packed": False,  # weight gradients from packed panels copy no whole tensor
+        "no_scratch": False,  # True: the body copies no whole data tensor
         **_body(config),
     }
