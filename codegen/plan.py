@@ -56,7 +56,8 @@ CHUNK_PIXELS = 128
 SUMS_IN_L2_BYTES = 640 * 1024  # half of Ice Lake-SP's 1.25 MB L2
 CHUNK_BYTES = 1024 * 1024
 
-# NCX weight gradients use packed panels where a packed value feeds this many FMAs.
+# Weight gradients use packed panels where a packed value feeds this many FMAs.
+PACKED_NXC_MIN_FMAS = 4
 PACKED_NCX_MIN_FMAS = 128
 
 # Products a register accumulates before adding them to a sum in memory (fixed order).
@@ -142,14 +143,15 @@ def weight_tiles(config: KernelConfig) -> dict:
     # Packed panels (bwd_weights_packed.c.j2): per chunk, each thread copies what its tiles
     # read into panels at consecutive addresses. Read in place, channels-last rows a power
     # of two apart share a few cache sets and a page per pixel (Ice Lake, AVX2, 1x1
-    # 1024->256: 47 GFLOP/s in place, 93 from panels). NCX data is read in short runs per
-    # channel (a chunk's pixels), costly per value: packed only where each packed value
-    # feeds at least PACKED_NCX_MIN_FMAS multiply-adds (1x1 64->64 feeds 32).
+    # 1024->256: 47 GFLOP/s in place, 93 from panels). Packing pays where each packed
+    # value feeds enough multiply-adds: NCX data is read in short runs per channel (a
+    # chunk's pixels), costly per value (1x1 64->64 feeds 32: slower packed); a grouped
+    # 1x1 layer with 1-2 channels per group feeds 0.7 (2.3x slower packed).
     kd_kh = prod(config.kernel[:-1])
     fmas_per_value = channels * config.cout_per_group * prod(config.kernel) / (
         channels * kd_kh + config.cout_per_group)
-    packed = not flatten_w and not uses_bf16_dot(config) and (
-        config.data_format == "NXC" or fmas_per_value >= PACKED_NCX_MIN_FMAS)
+    packed = not flatten_w and not uses_bf16_dot(config) and fmas_per_value >= (
+        PACKED_NXC_MIN_FMAS if config.data_format == "NXC" else PACKED_NCX_MIN_FMAS)
     # Otherwise tiles broadcast src values, so NCX src needs no transpose: each tile row
     # is a stream along the pixels of one channel (f32 is read in place, f16/bf16 widened
     # in their order). Only diff_dst, the vector operand, is made channels-last.

@@ -312,6 +312,23 @@ def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtyp
     np.testing.assert_array_equal(run_case(case, num_threads=2), one)
 
 
+def test_packed_panels_where_a_value_feeds_enough_multiply_adds():
+    from convgrad.codegen.plan import weight_tiles
+
+    def packed(kernel, groups, cin_per_group, cout_per_group, data_format):
+        rank = len(kernel)
+        config = KernelConfig("bwd_weights", kernel, (1,) * rank, (1,) * rank, groups,
+                              cin_per_group, cout_per_group, data_format, "XIO",
+                              "f32").with_isa(ISAS[0])
+        return weight_tiles(config)["packed"]
+
+    assert packed((1, 1), 1, 64, 64, "NXC")          # 32 per value
+    assert not packed((1, 1), 1, 64, 64, "NCX")      # short runs per channel
+    assert packed((1, 1), 1, 1024, 256, "NCX")       # 205 per value
+    assert packed((3, 3), 1, 64, 64, "NCX")          # 144 per value
+    assert not packed((1, 1, 1), 10, 1, 2, "NXC")    # grouped 1x1, 1 -> 2 per group: 0.7
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_weight_gradient_chunks_by_pixels_or_by_bytes(data_format):
     """Weight sums that stay in L2 take chunks of about 128 pixels; larger ones chunks of
