@@ -102,8 +102,10 @@ TOLERANCE = {"f32": 1e-3, "bf16": 5e-2, "f16": 1e-2}
 
 # --------------------------------------------------------------------------- shapes
 
-def load_set(name: str, shapes_dir: Path, limit: int | None) -> list[ConvShape] | None:
-    """The forward convolutions of a shape set (None when its file is missing)."""
+def load_set(name: str, shapes_dir: Path, limit: int | None,
+             layers: Sequence[str] = ()) -> list[ConvShape] | None:
+    """The forward convolutions of a shape set (None when its file is missing), only
+    those whose name contains one of `layers` when it is not empty."""
     file, selection = SETS[name]
     if name in BUNDLED:
         text = (resources.files("convgrad.codegen") / "data" / file).read_text()
@@ -118,6 +120,8 @@ def load_set(name: str, shapes_dir: Path, limit: int | None) -> list[ConvShape] 
         for conv in convs:
             by_name.setdefault(conv.name, conv)  # a repeated name: its first descriptor
         convs = [by_name[n] for n in selection if n in by_name]
+    if layers:
+        convs = [c for c in convs if any(part in c.name for part in layers)]
     return convs[:limit] if limit else convs
 
 
@@ -643,6 +647,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="seconds of calls per timing, at least 3 calls (default 0.3)")
     parser.add_argument("--limit", type=int, default=None,
                         help="only the first N shapes of each set")
+    parser.add_argument("--layers", default=None,
+                        help="comma-separated substrings: only the layers whose name "
+                             "contains one (e.g. res2a_branch2a,conv1)")
     parser.add_argument("--keep-cache", action="store_true",
                         help="use the usual kernel cache (CONVGRAD_CACHE_DIR) instead of a "
                              "fresh temporary one, so first calls may be cache loads")
@@ -666,6 +673,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not ops or any(o not in OPS for o in ops):
         parser.error(f"--ops {args.ops!r}: expected a comma-separated subset of {list(OPS)}")
     args.ops = list(dict.fromkeys(ops))
+    args.layers = [p.strip() for p in (args.layers or "").split(",") if p.strip()]
     if args.batch < 1 or (args.limit is not None and args.limit < 1) or args.min_time < 0:
         parser.error("--batch and --limit must be positive, --min-time not negative")
     if torch is None:
@@ -692,7 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     sets = list(SETS) if args.set == "all" else [args.set]
     shapes: list[tuple[str, ConvShape]] = []
     for name in sets:
-        convs = load_set(name, args.shapes_dir, args.limit)
+        convs = load_set(name, args.shapes_dir, args.limit, args.layers)
         if convs is None:
             print(f"skipping set {name}: {args.shapes_dir / SETS[name][0]} not found",
                   file=sys.stderr)

@@ -56,6 +56,14 @@ CHUNK_PIXELS = 128
 SUMS_IN_L2_BYTES = 640 * 1024  # half of Ice Lake-SP's 1.25 MB L2
 CHUNK_BYTES = 1024 * 1024
 
+# Weight gradients whose sums stay in L2 split their pixels into up to MAX_SLICES slices
+# of at least SLICE_MIN_PIXELS, each summed on its own and added in order at the end
+# (the count never depends on the threads): threads then share a layer with few tiles
+# without each packing the same panels. The slices' sums take at most SLICE_SUMS_BYTES.
+MAX_SLICES = 8
+SLICE_MIN_PIXELS = 1024
+SLICE_SUMS_BYTES = 2 * 1024 * 1024
+
 # Weight gradients use packed panels where a packed value feeds this many FMAs.
 PACKED_NXC_MIN_FMAS = 4
 PACKED_NCX_MIN_FMAS = 128
@@ -157,9 +165,13 @@ def weight_tiles(config: KernelConfig) -> dict:
     # in their order). Only diff_dst, the vector operand, is made channels-last.
     src_channels_first = config.data_format == "NCX" and not flatten_w and not (
         uses_bf16_dot(config) or packed)
+    in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
     return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w,
             "packed": packed, "partial_pixels": partial_steps(config),
-            "chunk_pixels": CHUNK_PIXELS if sums_bytes <= SUMS_IN_L2_BYTES else 0,
+            "max_slices": max(1, min(MAX_SLICES, SLICE_SUMS_BYTES // sums_bytes)) if in_l2
+            else 1,
+            "slice_min_pixels": SLICE_MIN_PIXELS,
+            "chunk_pixels": CHUNK_PIXELS if in_l2 else 0,
             "chunk_bytes": max(CHUNK_BYTES, sums_bytes // 2),
             "src_channels_first": src_channels_first,
             "src_in_place": src_channels_first and config.dtype == "f32"}
