@@ -312,6 +312,39 @@ def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtyp
     np.testing.assert_array_equal(run_case(case, num_threads=2), one)
 
 
+SLICED_WEIGHT_GEOMETRY = {
+    # 1x1: read in place (channels-last f32 on avx512) or from packed panels
+    "1x1": dict(spatial=(32, 33), kernel=(1, 1), in_channels=150, out_channels=40, batch=4),
+    # 3x3 with groups, pads, stride in h: packed panels, rows cut into slices
+    "3x3": dict(spatial=(132, 32), kernel=(3, 3), in_channels=24, out_channels=34, groups=2,
+                batch=2, attrs=dict(strides=[2, 1], pads_begin=1, pads_end=[0, 1])),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geometry", sorted(SLICED_WEIGHT_GEOMETRY))
+@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f32"), ("NXC", "bf16"),
+                                               ("NCX", "f16")])
+def test_weight_gradient_in_pixel_slices(isa, geometry, data_format, dtype, monkeypatch):
+    """Small weight sums split the pixels into slices summed apart and added in order:
+    exact, and the same bits on 1, 2 and 3 threads (3 threads share 4 slices unevenly,
+    more threads than slices share a slice's tiles)."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import SLICE_MIN_PIXELS, weight_tiles
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[geometry],
+                     data_format=data_format, dtype=dtype, seed=4)
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     dtype).config.with_isa(isa)
+    dd = case.inputs[1]
+    pixels = dd.size // dd.shape[-1 if data_format == "NXC" else 1]
+    assert weight_tiles(config)["max_slices"] >= 4 and pixels >= 4 * SLICE_MIN_PIXELS
+    one = run_case(case, num_threads=1)
+    for threads in (2, 3, 5):
+        np.testing.assert_array_equal(run_case(case, num_threads=threads), one)
+
+
 def test_packed_panels_where_a_value_feeds_enough_multiply_adds():
     from convgrad.codegen.plan import weight_tiles
 
