@@ -345,21 +345,30 @@ def test_weight_gradient_in_pixel_slices(isa, geometry, data_format, dtype, monk
         np.testing.assert_array_equal(run_case(case, num_threads=threads), one)
 
 
-def test_packed_panels_where_a_value_feeds_enough_multiply_adds():
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
+    """The planner's rule (pure: no CPU needed), on both vector widths."""
     from convgrad.codegen.plan import weight_tiles
 
-    def packed(kernel, groups, cin_per_group, cout_per_group, data_format):
+    def packed(kernel, groups, cin_per_group, cout_per_group, data_format, dtype="f32"):
         rank = len(kernel)
         config = KernelConfig("bwd_weights", kernel, (1,) * rank, (1,) * rank, groups,
                               cin_per_group, cout_per_group, data_format, "XIO",
-                              "f32").with_isa(ISAS[0])
+                              dtype, isa)
         return weight_tiles(config)["packed"]
 
-    assert packed((1, 1), 1, 64, 64, "NXC")          # 32 per value
     assert not packed((1, 1), 1, 64, 64, "NCX")      # short runs per channel
     assert packed((1, 1), 1, 1024, 256, "NCX")       # 205 per value
     assert packed((3, 3), 1, 64, 64, "NCX")          # 144 per value
+    assert packed((3, 3), 1, 64, 64, "NXC")
     assert not packed((1, 1, 1), 10, 1, 2, "NXC")    # grouped 1x1, 1 -> 2 per group: 0.7
+    # 1x1 f32 channels-last: short rows are read in place, long ones packed
+    assert packed((1, 1), 1, 1024, 64, "NXC")        # 4 KB between pixels of src
+    assert packed((1, 1), 1, 256, 512, "NXC")
+    assert packed((1, 1), 1, 256, 64, "NXC", "f16")  # widened: always packed
+    assert not packed((1, 1), 1, 256, 64, "NXC")
+    assert packed((1, 1), 1, 64, 64, "NXC") == (isa == "avx2")
+    assert packed((1, 1), 1, 256, 128, "NXC") == (isa == "avx2")
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
