@@ -363,7 +363,7 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
     assert packed((3, 3), 1, 64, 64, "NXC")
     assert not packed((1, 1, 1), 10, 1, 2, "NXC")    # grouped 1x1, 1 -> 2 per group: 0.7
     # 1x1 f32 channels-last: short rows are read in place, long ones packed
-    assert packed((1, 1), 1, 1024, 64, "NXC")        # 4 KB between pixels of src
+    assert packed((1, 1), 1, 2048, 64, "NXC")        # 8 KB between pixels of src
     assert packed((1, 1), 1, 256, 512, "NXC")
     assert packed((1, 1), 1, 256, 64, "NXC", "f16")  # widened: always packed
     assert not packed((1, 1), 1, 256, 64, "NXC")
