@@ -241,6 +241,25 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
     run_case(case)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("width", [7, 15, 40])
+@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f16")])
+def test_data_gradient_rows_with_and_without_padded_columns(isa, op, width, data_format,
+                                                             dtype, monkeypatch):
+    """Narrow outputs copy the input with zero columns so a row is one run (7 pixels: one
+    long tile where 28 accumulators fit); wide ones keep runs cut at the edges. Kernel
+    3 wide, dilation 2 in w, stride 2 in h, asymmetric pads, 70 channels (a vector tail)."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    attrs = dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 3], pads_end=[0, 1])
+    if op == "ConvolutionBackwardData":
+        attrs["output_padding"] = [1, 0]
+    case = make_case(op, spatial=(5, width), kernel=(2, 3), in_channels=70, out_channels=70,
+                     batch=2, data_format=data_format, dtype=dtype, attrs=attrs, seed=6)
+    run_case(case)
+    np.testing.assert_array_equal(run_case(case, num_threads=2), run_case(case, num_threads=1))
+
+
 NCX_WEIGHT_GEOMETRY = {
     # 1x1 stride 1 without pads: each image's pixels are one run of every channel
     "pointwise": dict(spatial=(5, 7), kernel=(1, 1), batch=3, groups=1),

@@ -62,7 +62,8 @@ CHILD = textwrap.dedent("""
 """)
 
 
-# Long reductions: many partial sums per tile, split inside rows and taps.
+# Long reductions: many partial sums per tile, split inside rows and taps; then the other
+# plans: packed panels, pixel slices, padded columns.
 LONG_REDUCTIONS = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
@@ -89,6 +90,15 @@ LONG_REDUCTIONS = textwrap.dedent("""
                              ("3d", "NCX", "f32")):
         run_case(make_case("ConvolutionBackwardWeights", **PACKED_WEIGHT_GEOMETRY[name],
                            data_format=fmt, dtype=dtype), num_threads=2)
+    from test_ops import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
+    for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
+        run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
+                           data_format=fmt, dtype=dtype), num_threads=5)
+    for width in (7, 40):  # padded columns and a long tile; runs cut at the edges
+        run_case(make_case("ConvolutionBackwardData", spatial=(5, width), kernel=(2, 3),
+                           in_channels=70, out_channels=70, batch=2,
+                           attrs=dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 3],
+                                      pads_end=[0, 1])), num_threads=2)
     print("ok")
 """)
 
