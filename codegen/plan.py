@@ -230,6 +230,34 @@ def depthwise_weight_rows(config: KernelConfig) -> dict:
             "max_unrolled_taps": MAX_UNROLLED_TAPS}
 
 
+# Channels-first f32 1x1 data gradients (stride 1, no pads) read and write NCX in place:
+# tiles of NCX_ROWS output channels x NCX_VECS pixel vectors, on images of at least
+# NCX_MIN_PIXELS pixels (smaller ones transpose: whole vectors no longer dominate).
+NCX_ROWS = {"avx512bf16": 6, "avx512": 6, "avx2": 4, "portable": 4}
+NCX_VECS = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3}
+NCX_MIN_PIXELS = 128
+
+
+def pointwise_ncx_tiles(config: KernelConfig) -> dict:
+    """The channels-first pointwise plan of a data gradient (fwd, bwd_data), or none."""
+    tiles = direct_tiles(config)
+    if not (tiles["pointwise"] and config.data_format == "NCX" and config.dtype == "f32"
+            and not config.depthwise):
+        return {"pointwise_ncx": False}
+    lanes = VECTOR_LANES[config.isa]
+    out_channels = config.vector_channels
+    reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
+    rows = min(NCX_ROWS[config.isa], out_channels)
+    last = out_channels - (-(-out_channels // rows) - 1) * rows
+    vecs = NCX_VECS[config.isa]
+    return {"pointwise_ncx": True, "ncx_rows": rows, "ncx_vecs": vecs,
+            "ncx_tiles": list(dict.fromkeys((r, v) for r in (rows, last)
+                                            for v in range(vecs, 0, -1))),
+            "ncx_min_pixels": NCX_MIN_PIXELS,
+            # a group's weights in L2: a block of pixels runs all channel blocks
+            "ncx_cb_inner": config.groups * reduced * out_channels * 4 <= WEIGHT_CHUNK_BYTES}
+
+
 def pad_columns_below(config: KernelConfig) -> int:
     """Output widths below which a data gradient pads its input's rows (0: never)."""
     extent = (config.kernel[-1] - 1) * config.dilations[-1]
@@ -245,7 +273,8 @@ def _body(config: KernelConfig) -> dict:
         body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
         return {"body": body, "no_scratch": tiles["packed"], **tiles}
     body = "depthwise.c.j2" if config.depthwise else "direct.c.j2"
-    return {"body": body, "pad_columns_below": pad_columns_below(config), **direct_tiles(config)}
+    return {"body": body, "pad_columns_below": pad_columns_below(config),
+            **direct_tiles(config), **pointwise_ncx_tiles(config)}
 
 
 def render_context(config: KernelConfig, generator_version: str) -> dict:

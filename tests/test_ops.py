@@ -260,6 +260,34 @@ def test_data_gradient_rows_with_and_without_padded_columns(isa, op, width, data
     np.testing.assert_array_equal(run_case(case, num_threads=2), run_case(case, num_threads=1))
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvolutionBackpropData",
+                                "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("spatial,groups,channels", [((12, 13), 1, (70, 37)),
+                                                     ((16, 16), 2, (26, 40)),
+                                                     ((300,), 1, (9, 130)),
+                                                     ((4, 5, 9), 3, (12, 21))])
+def test_channels_first_pointwise_in_place(isa, op, spatial, groups, channels, monkeypatch):
+    """1x1 stride-1 NCX f32 data gradients of images with >= 128 pixels read and write
+    the user's buffers in place (pixel tails, channel-block tails, groups, 1-D and 3-D);
+    smaller images and pads take the transposing path."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import pointwise_ncx_tiles
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case(op, spatial=spatial, kernel=(1,) * len(spatial), in_channels=channels[0],
+                     out_channels=channels[1], groups=groups, batch=2, data_format="NCX",
+                     seed=7)
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     "f32").config.with_isa(isa)
+    assert pointwise_ncx_tiles(config)["pointwise_ncx"]
+    np.testing.assert_array_equal(run_case(case, num_threads=2), run_case(case, num_threads=1))
+    padded = make_case(op, spatial=spatial, kernel=(1,) * len(spatial),
+                       in_channels=channels[0], out_channels=channels[1], groups=groups,
+                       batch=1, data_format="NCX", seed=8, attrs=dict(pads_begin=1, pads_end=0))
+    run_case(padded)
+
+
 NCX_WEIGHT_GEOMETRY = {
     # 1x1 stride 1 without pads: each image's pixels are one run of every channel
     "pointwise": dict(spatial=(5, 7), kernel=(1, 1), batch=3, groups=1),

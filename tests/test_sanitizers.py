@@ -99,6 +99,9 @@ LONG_REDUCTIONS = textwrap.dedent("""
                            in_channels=70, out_channels=70, batch=2,
                            attrs=dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 3],
                                       pads_end=[0, 1])), num_threads=2)
+    for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):  # NCX 1x1 in place
+        run_case(make_case(op, spatial=(12, 13), kernel=(1, 1), in_channels=70,
+                           out_channels=37, batch=2, data_format="NCX"), num_threads=2)
     print("ok")
 """)
 
