@@ -244,7 +244,6 @@ def pointwise_ncx_tiles(config: KernelConfig) -> dict:
     if not (tiles["pointwise"] and config.data_format == "NCX" and config.dtype == "f32"
             and not config.depthwise):
         return {"pointwise_ncx": False}
-    lanes = VECTOR_LANES[config.isa]
     out_channels = config.vector_channels
     reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
     rows = min(NCX_ROWS[config.isa], out_channels)
@@ -254,8 +253,8 @@ def pointwise_ncx_tiles(config: KernelConfig) -> dict:
             "ncx_tiles": list(dict.fromkeys((r, v) for r in (rows, last)
                                             for v in range(vecs, 0, -1))),
             "ncx_min_pixels": NCX_MIN_PIXELS,
-            # a group's weights in L2: a block of pixels runs all channel blocks
-            "ncx_cb_inner": config.groups * reduced * out_channels * 4 <= WEIGHT_CHUNK_BYTES}
+            # channel blocks per chunk: their weights stay in L2
+            "ncx_block_chunk": max(1, WEIGHT_CHUNK_BYTES // (reduced * rows * 4))}
 
 
 def pad_columns_below(config: KernelConfig) -> int:
