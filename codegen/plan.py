@@ -276,6 +276,18 @@ def _body(config: KernelConfig) -> dict:
             **direct_tiles(config), **pointwise_ncx_tiles(config)}
 
 
+def transpose_masks(lanes: int) -> dict[int, tuple[list[int], list[int]]]:
+    """Per stage b of an in-register transpose, the two-source shuffle masks of row i
+    (lanes with bit b set come from row i + b) and of row i + b."""
+    return {b: ([lanes + j - b if j & b else j for j in range(lanes)],
+                [lanes + j if j & b else j + b for j in range(lanes)])
+            for b in _halvings(lanes)}
+
+
+def _halvings(lanes: int) -> list[int]:
+    return [lanes >> k for k in range(1, lanes.bit_length()) if lanes >> k]
+
+
 def render_context(config: KernelConfig, generator_version: str) -> dict:
     """Everything kernel.c.j2 reads, derived from the configuration."""
     pad = 3 - config.rank
@@ -302,6 +314,8 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         else "",
         "isa": config.isa,
         "vl": VECTOR_LANES[config.isa],
+        "transpose_stages": _halvings(VECTOR_LANES[config.isa]),
+        "transpose_masks": transpose_masks(VECTOR_LANES[config.isa]),
         "bf16_dot": uses_bf16_dot(config),
         "regroup_pixels": config.family == "bwd_weights" and config.data_format == "NXC"
         and not config.depthwise and all(k == 1 for k in config.kernel)
