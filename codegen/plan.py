@@ -214,6 +214,8 @@ def weight_tiles(config: KernelConfig) -> dict:
             "chunk_pixels": CHUNK_PIXELS if in_l2 else 0,
             "chunk_bytes": max(CHUNK_BYTES, sums_bytes // 2),
             "src_channels_first": src_channels_first,
+            # ...and its diff_dst is transposed chunk by chunk, by the thread that uses it
+            "dd_by_chunk": src_channels_first,
             "src_in_place": src_channels_first and config.dtype == "f32"}
 
 
