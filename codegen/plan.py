@@ -255,8 +255,15 @@ def pointwise_ncx_tiles(config: KernelConfig) -> dict:
             "ncx_tiles": list(dict.fromkeys((r, v) for r in (rows, last)
                                             for v in range(vecs, 0, -1))),
             "ncx_min_pixels": NCX_MIN_PIXELS,
-            # channel blocks per chunk: their weights stay in L2
-            "ncx_block_chunk": max(1, WEIGHT_CHUNK_BYTES // (reduced * rows * 4))}
+            # channel blocks per chunk: their weights stay in L2; near-equal chunks (171
+            # blocks as 57 x 3, not 85 + 85 + 1: threads share the chunks' work evenly)
+            "ncx_block_chunk": _near_equal(-(-out_channels // rows),
+                                          max(1, WEIGHT_CHUNK_BYTES // (reduced * rows * 4)))}
+
+
+def _near_equal(total: int, most: int) -> int:
+    """The size of near-equal parts of `total`, none above `most`."""
+    return -(-total // -(-total // most))
 
 
 def pad_columns_below(config: KernelConfig) -> int:
