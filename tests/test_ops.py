@@ -288,6 +288,30 @@ def test_channels_first_pointwise_in_place(isa, op, spatial, groups, channels, m
     run_case(padded)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("channels,dilation,width", [(40, 1, 37), (24, 2, 30), (19, 1, 12)])
+@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "bf16")])
+def test_depthwise_sliding_tiles(isa, op, channels, dilation, width, data_format, dtype,
+                                 monkeypatch):
+    """Depthwise data gradients with stride 1 along w run runs that see every w tap in
+    sliding tiles (each input column loaded once for all taps), the rest of the run and
+    the edges in the usual tiles: channel tails, dilation, 1-3 tiles per run."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import slide_rows
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case(op, spatial=(3, width), kernel=(2, 3), in_channels=channels,
+                     out_channels=channels, groups=channels, batch=2, data_format=data_format,
+                     dtype=dtype, seed=9,
+                     attrs=dict(strides=[2, 1], dilations=[1, dilation], pads_begin=[1, 2],
+                                pads_end=[0, 1]))
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     dtype).config.with_isa(isa)
+    assert slide_rows(config) > 0
+    run_case(case)
+
+
 NCX_WEIGHT_GEOMETRY = {
     # 1x1 stride 1 without pads: each image's pixels are one run of every channel
     "pointwise": dict(spatial=(5, 7), kernel=(1, 1), batch=3, groups=1),
