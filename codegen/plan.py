@@ -6,10 +6,65 @@ one), its compiler flags, and the per-configuration choices such as unrolling.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
 from math import prod
+from types import MappingProxyType
 
 from convgrad.codegen.config import ISAS, KernelConfig
+
+# A plan says how a kernel computes its configuration where that differs from the
+# planner's rules: a mapping of the choices below to integers. The empty plan is the
+# rules' choice (the default); the tuner (convgrad.tuning) times the candidates() of a
+# configuration and keeps the fastest. Every plan computes the same result.
+PLAN_CHOICES = {
+    "vec_block": "vectors of channels per register tile (fwd, bwd_data, bwd_weights)",
+    "tile_rows": "most output pixels (or input channels) per register tile",
+    "weight_chunk_kb": "data gradients: KB of weights per pass over the image",
+    "pad_columns": "data gradients: 0 keeps runs cut at the edges, 1 pads narrow rows",
+    "point_vb_inner": "1x1 data gradients: 1 runs a pixel block's vector blocks together",
+    "ncx_in_place": "1x1 NCX f32 data gradients: 0 transposes instead",
+    "slide": "depthwise data gradients: 1 uses sliding tiles where stride 1 allows",
+    "packed": "weight gradients: 1 copies chunks into panels, 0 reads in place",
+    "chunk_pixels": "weight gradients whose sums fit in L2: pixels per chunk",
+    "max_slices": "weight gradients: most pixel slices (a power of two)",
+}
+EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
+MAX_CANDIDATES = 8
+
+
+def plan_key(plan: Mapping[str, int] | None) -> str:
+    """A short name of a plan: "" for the default, else 8 hex digits of its choices."""
+    if not plan:
+        return ""
+    text = json.dumps(sorted(plan.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def kernel_name(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
+    """The C name of a kernel: the configuration's, with its plan's key if not default."""
+    key = plan_key(plan)
+    return f"{config.name}_p{key}" if key else config.name
+
+
+def check_plan(plan: Mapping[str, int]) -> dict[str, int]:
+    """A plan as a plain dict of known choices with integer values (ValueError else)."""
+    if not isinstance(plan, Mapping):
+        raise ValueError(f"a plan is a mapping of choices to integers; got {plan!r}")
+    unknown = sorted(set(plan) - set(PLAN_CHOICES))
+    if unknown:
+        raise ValueError(f"unknown plan choices {unknown}; expected some of {list(PLAN_CHOICES)}")
+    checked = {}
+    for name, value in plan.items():
+        if isinstance(value, bool):
+            value = int(value)
+        if not isinstance(value, int) or value < 0 or (value == 0 and name in (
+                "vec_block", "tile_rows", "weight_chunk_kb", "chunk_pixels", "max_slices")):
+            raise ValueError(f"plan choice {name} = {value!r} is invalid")
+        checked[name] = value
+    return checked
+
 
 # CPU features (Linux /proc/cpuinfo names) each ISA path needs, best path first.
 _AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma", "f16c"})
@@ -123,22 +178,24 @@ def partial_steps(config: KernelConfig) -> int:
     return PARTIAL_PRODUCTS // 2 if uses_bf16_dot(config) else PARTIAL_PRODUCTS
 
 
-def direct_tiles(config: KernelConfig) -> dict:
+def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
     lanes = VECTOR_LANES[config.isa]
     channels = config.vector_channels
     vectors = -(-channels // lanes)
-    block = min(vectors, MAX_VECTOR_BLOCK[config.isa])
+    block = min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]))
     last = vectors - (-(-vectors // block) - 1) * block
-    rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block))
+    rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block,
+                      plan.get("tile_rows", MAX_TILE_ROWS)))
     # Every tile height is instantiated, so a row's remainder is one smaller tile.
     tiles = list(dict.fromkeys((r, v) for v in (block, last) for r in range(rows, 0, -1)))
     # Reduced channels per pass: that chunk's weights for every tap stay in L2.
     reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
     taps = prod(config.kernel)
     elem_bytes = 2 if uses_bf16_dot(config) else 4
-    most = max(16, WEIGHT_CHUNK_BYTES // (taps * block * lanes * elem_bytes))
+    chunk_bytes = plan.get("weight_chunk_kb", WEIGHT_CHUNK_BYTES // 1024) * 1024
+    most = max(16, chunk_bytes // (taps * block * lanes * elem_bytes))
     # Near-equal chunks of whole pairs: 256 channels go as 128 + 128, not 226 + 30 (a
     # short last pass pays a whole pass's tile overhead for little work).
     passes = -(-reduced // most)
@@ -157,18 +214,19 @@ def direct_tiles(config: KernelConfig) -> dict:
             # ...and runs the vector blocks of a block of pixels together where all the
             # weights stay in L2 (Zen 4 avx2, 1x1 64<-256: 51 -> 81 GFLOP/s), else each
             # vector block over all pixels (avx512 2 threads, 2048<-512: 153 -> 198)
-            "point_vb_inner": config.groups * vectors * lanes * chunk * elem_bytes
-            <= WEIGHT_CHUNK_BYTES}
+            "point_vb_inner": bool(plan.get(
+                "point_vb_inner",
+                config.groups * vectors * lanes * chunk * elem_bytes <= WEIGHT_CHUNK_BYTES))}
 
 
-def weight_tiles(config: KernelConfig) -> dict:
+def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Register blocking of the weight-gradient tiles: input channels x vectors of
     output channels of one tap."""
     lanes = VECTOR_LANES[config.isa]
     vectors = -(-config.cout_per_group // lanes)
-    block = min(vectors, MAX_VECTOR_BLOCK[config.isa])
+    block = min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]))
     last = vectors - (-(-vectors // block) - 1) * block
-    budget = ACCUMULATORS[config.isa] // block
+    budget = min(ACCUMULATORS[config.isa] // block, plan.get("tile_rows", ACCUMULATORS[config.isa]))
     channels = config.cin_per_group
     # Few input channels: tile rows over (kw, channel) pairs fill the registers.
     flatten_w = 2 * channels <= budget and config.kernel[-1] > 1 and not uses_bf16_dot(config)
@@ -198,8 +256,9 @@ def weight_tiles(config: KernelConfig) -> dict:
                 and all(k == 1 for k in config.kernel)
                 and IN_PLACE_MIN_CIN[lanes] <= cin <= IN_PLACE_MAX_CIN[lanes]
                 and cout <= IN_PLACE_MAX_COUT[lanes])
-    packed = not flatten_w and not uses_bf16_dot(config) and not in_place and fmas_per_value >= (
-        PACKED_NXC_MIN_FMAS if config.data_format == "NXC" else PACKED_NCX_MIN_FMAS)
+    packed = not flatten_w and not uses_bf16_dot(config) and bool(plan.get(
+        "packed", not in_place and fmas_per_value >= (
+            PACKED_NXC_MIN_FMAS if config.data_format == "NXC" else PACKED_NCX_MIN_FMAS)))
     # Otherwise tiles broadcast src values, so NCX src needs no transpose: each tile row
     # is a stream along the pixels of one channel (f32 is read in place, f16/bf16 widened
     # in their order). Only diff_dst, the vector operand, is made channels-last.
@@ -208,10 +267,11 @@ def weight_tiles(config: KernelConfig) -> dict:
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
     return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w,
             "packed": packed, "partial_pixels": partial_steps(config),
-            "max_slices": _power_of_two_floor(min(MAX_SLICES, SLICE_SUMS_BYTES // sums_bytes))
+            "max_slices": _power_of_two_floor(min(
+                plan.get("max_slices", MAX_SLICES), SLICE_SUMS_BYTES // sums_bytes))
             if in_l2 else 1,
             "slice_min_pixels": SLICE_MIN_PIXELS,
-            "chunk_pixels": CHUNK_PIXELS if in_l2 else 0,
+            "chunk_pixels": plan.get("chunk_pixels", CHUNK_PIXELS) if in_l2 else 0,
             "chunk_bytes": max(CHUNK_BYTES, sums_bytes // 2),
             "src_channels_first": src_channels_first,
             # ...and its diff_dst is transposed chunk by chunk, by the thread that uses it
@@ -240,11 +300,11 @@ NCX_VECS = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3}
 NCX_MIN_PIXELS = 128
 
 
-def pointwise_ncx_tiles(config: KernelConfig) -> dict:
+def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The channels-first pointwise plan of a data gradient (fwd, bwd_data), or none."""
     tiles = direct_tiles(config)
     if not (tiles["pointwise"] and config.data_format == "NCX" and config.dtype == "f32"
-            and not config.depthwise):
+            and not config.depthwise and plan.get("ncx_in_place", True)):
         return {"pointwise_ncx": False}
     out_channels = config.vector_channels
     reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
@@ -276,36 +336,38 @@ SLIDE_ROWS = {"avx512bf16": 16, "avx512": 16, "avx2": 11, "portable": 11}
 SLIDE_MAX_CHANNELS = 256
 
 
-def slide_rows(config: KernelConfig) -> int:
+def slide_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
     """Outputs per depthwise sliding tile, 0 where the kernel has none."""
     kw = config.kernel[-1]
     if not (config.depthwise and config.family != "bwd_weights" and config.strides[-1] == 1
-            and kw > 1 and config.groups <= SLIDE_MAX_CHANNELS):
+            and kw > 1 and plan.get("slide", config.groups <= SLIDE_MAX_CHANNELS)):
         return 0
     registers = 32 if VECTOR_LANES[config.isa] == 16 else 16
     return max(0, min(SLIDE_ROWS[config.isa], registers - kw - 2))
 
 
-def pad_columns_below(config: KernelConfig) -> int:
+def pad_columns_below(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
     """Output widths below which a data gradient pads its input's rows (0: never). Not
     depthwise layers: one load per multiply-add, the copy costs more than the one-pixel
     tiles (Zen 4 avx512, 512 channels on 14x14: 32.9 GFLOP/s unpadded, 26.8 padded)."""
     extent = (config.kernel[-1] - 1) * config.dilations[-1]
-    return 0 if uses_bf16_dot(config) or config.depthwise else PAD_COLUMNS_PER_TAP * extent
+    if uses_bf16_dot(config) or not plan.get("pad_columns", not config.depthwise):
+        return 0
+    return PAD_COLUMNS_PER_TAP * extent
 
 
-def _body(config: KernelConfig) -> dict:
+def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     """The template that computes this configuration, and its tiles."""
     if config.family == "bwd_weights" and config.depthwise:
         return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config)}
     if config.family == "bwd_weights":
-        tiles = weight_tiles(config)
+        tiles = weight_tiles(config, plan)
         body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
         return {"body": body, "no_scratch": tiles["packed"], **tiles}
     body = "depthwise.c.j2" if config.depthwise else "direct.c.j2"
-    return {"body": body, "pad_columns_below": pad_columns_below(config),
-            "slide_rows": slide_rows(config),
-            **direct_tiles(config), **pointwise_ncx_tiles(config)}
+    return {"body": body, "pad_columns_below": pad_columns_below(config, plan),
+            "slide_rows": slide_rows(config, plan),
+            **direct_tiles(config, plan), **pointwise_ncx_tiles(config, plan)}
 
 
 def transpose_masks(lanes: int) -> dict[int, tuple[list[int], list[int]]]:
@@ -320,13 +382,15 @@ def _halvings(lanes: int) -> list[int]:
     return [lanes >> k for k in range(1, lanes.bit_length()) if lanes >> k]
 
 
-def render_context(config: KernelConfig, generator_version: str) -> dict:
-    """Everything kernel.c.j2 reads, derived from the configuration."""
+def render_context(config: KernelConfig, generator_version: str,
+                   plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+    """Everything kernel.c.j2 reads, derived from the configuration and its plan."""
     pad = 3 - config.rank
     kernel_w = config.kernel[-1]
     return {
-        "name": config.name,
+        "name": kernel_name(config, plan),
         "generator_version": generator_version,
+        "plan_items": sorted(plan.items()),
         "family": config.family,
         "family_doc": FAMILY_DOCS[config.family],
         "config_items": list(config.to_dict().items()),
@@ -357,5 +421,61 @@ def render_context(config: KernelConfig, generator_version: str) -> dict:
         "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"
         and config.family != "bwd_weights" and not config.depthwise,
         "no_scratch": False,  # True: the body copies no whole data tensor
-        **_body(config),
+        **_body(config, plan),
     }
+
+
+def _variations(config: KernelConfig) -> list[dict[str, int]]:
+    """Plans that change one or two of the rules' choices for this configuration."""
+    isa = config.isa
+    if config.family == "bwd_weights":
+        if config.depthwise:
+            return []
+        tiles = weight_tiles(config)
+        found: list[dict[str, int]] = []
+        if not tiles["flatten_w"] and not uses_bf16_dot(config):
+            found.append({"packed": int(not tiles["packed"])})
+        found += [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa] - 1, 1, -1)]
+        if tiles["chunk_pixels"]:
+            found += [{"chunk_pixels": CHUNK_PIXELS // 2}, {"chunk_pixels": CHUNK_PIXELS * 2}]
+        if tiles["max_slices"] > 1:
+            found.append({"max_slices": 1})
+        return found
+    tiles = direct_tiles(config)
+    found = [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa] - 1, 1, -1)]
+    if config.depthwise:
+        if config.strides[-1] == 1 and config.kernel[-1] > 1:
+            found.append({"slide": int(not slide_rows(config))})
+        return found
+    if pad_columns_below(config, {"pad_columns": 1}):
+        found.append({"pad_columns": int(not pad_columns_below(config))})
+    if tiles["pointwise"]:
+        found.append({"point_vb_inner": int(not tiles["point_vb_inner"])})
+    if pointwise_ncx_tiles(config)["pointwise_ncx"]:
+        found.append({"ncx_in_place": 0})
+    found += [{"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 // 4},
+              {"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 * 4}]
+    return found
+
+
+def candidates(config: KernelConfig) -> list[dict[str, int]]:
+    """The plans a tuner times for this configuration: the default first, then up to
+    MAX_CANDIDATES - 1 variations that each render different C."""
+    found = [{}]
+    seen = [_spelling(config, {})]
+    for plan in _variations(config):
+        spelling = _spelling(config, plan)
+        if spelling not in seen:
+            found.append(plan)
+            seen.append(spelling)
+        if len(found) == MAX_CANDIDATES:
+            break
+    return found
+
+
+def _spelling(config: KernelConfig, plan: Mapping[str, int]) -> str:
+    """What a plan makes the templates spell (its render context but the names)."""
+    context = render_context(config, "", plan)
+    for name in ("name", "plan_items"):
+        context.pop(name)
+    return json.dumps(context, sort_keys=True, default=str)

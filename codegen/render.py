@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import jinja2
 
 from convgrad.codegen.config import KernelConfig
-from convgrad.codegen.plan import render_context
+from convgrad.codegen.plan import EMPTY_PLAN, render_context
 
 PACKAGE_VERSION = "0.1.0"
 
@@ -43,10 +44,11 @@ def generator_version() -> str:
     return f"{PACKAGE_VERSION}+{digest.hexdigest()[:12]}"
 
 
-def render(config: KernelConfig) -> str:
-    """C source of one kernel; the exported function is named `config.name`."""
+def render(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
+    """C source of one kernel; the exported function is named
+    `plan.kernel_name(config, plan)` (`config.name` for the default plan)."""
     template = _environment().get_template("kernel.c.j2")
-    return template.render(**render_context(config, generator_version()))
+    return template.render(**render_context(config, generator_version(), plan or EMPTY_PLAN))
 
 
 def render_dims_declaration() -> str:
