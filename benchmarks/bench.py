@@ -45,11 +45,11 @@ import ml_dtypes
 import numpy as np
 
 import convgrad
-from convgrad import api, kernels
+from convgrad import api, kernels, tuning
 from convgrad.codegen import KernelConfig, generator_version
 from convgrad.codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn
 from convgrad.compiler import compile_objects, compiler_identity
-from convgrad.cpu import available_isas, selected_isa
+from convgrad.cpu import available_isas, cpu_model, selected_isa
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -249,15 +249,6 @@ def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:
     return best / 1e9
 
 
-def cpu_model() -> str:
-    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8",
-                                            errors="replace") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def machine_info(peak: float) -> dict:
     return {
         "cpu": cpu_model(),
@@ -335,6 +326,11 @@ class Row:
     torch_flops: int | None = None
     torch_layout: str = ""
     max_rel_err: float | None = None  # vs PyTorch on the same data (same shapes only)
+    tuned_ms: float | None = None  # --tune: the plan tuned at this size and thread count
+    tuned_gflops: float | None = None
+    tuned_ratio: float | None = None  # tuned GFLOP/s / torch GFLOP/s
+    tuned_gain: float | None = None  # tuned GFLOP/s / ours (the rules' plan) GFLOP/s
+    tuned_plan: str = ""
     note: str = ""
 
 
@@ -343,7 +339,7 @@ class Case:
     """One layer of one op, ready to run at any thread count."""
 
     layer: Layer
-    ours: Callable[[int], np.ndarray]
+    ours: Callable[..., np.ndarray]
     torch_call: Callable[[], object] | None
     template: Row
 
@@ -359,8 +355,9 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
             for shape in layer.inputs[:2])
     shape_input = list(layer.inputs[2])
 
-    def ours(threads: int) -> np.ndarray:
-        return api.execute(layer.op, [a, b, shape_input], layer.attrs, num_threads=threads)
+    def ours(threads: int, tune: bool = False) -> np.ndarray:
+        return api.execute(layer.op, [a, b, shape_input], layer.attrs, num_threads=threads,
+                           tune=tune)
 
     sized = replace(conv, batch=args.batch)
     rank = len(conv.kernel)
@@ -453,6 +450,9 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
         calls: list[Callable[[], object]] = [lambda count=count: case.ours(count)]
         if case.torch_call is not None:
             calls.append(case.torch_call)
+        if args.tune:  # times the candidates now (first call), then reuses the winner
+            case.ours(count, True)
+            calls.append(lambda count=count: case.ours(count, True))
         for call in calls:  # warm up at this thread count
             call()
         timings = timed_pair(calls, args.min_time)
@@ -464,8 +464,24 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
             row.torch_gflops = row.torch_flops / timings[1][0] / 1e9
             row.torch_pct_peak = 100 * row.torch_gflops / (peak * count)
             row.ratio = row.ours_gflops / row.torch_gflops
+        if args.tune:
+            row.tuned_ms = timings[-1][0] * 1e3
+            row.tuned_gflops = row.flops / timings[-1][0] / 1e9
+            row.tuned_gain = row.tuned_gflops / row.ours_gflops
+            if row.torch_gflops:
+                row.tuned_ratio = row.tuned_gflops / row.torch_gflops
+            row.tuned_plan = tuned_plan_text(case.layer, count)
         rows.append(row)
     return rows
+
+
+def tuned_plan_text(layer: Layer, threads: int) -> str:
+    """The plan tuned for a layer at a thread count ("rules" where none beat them)."""
+    problem = layer.resolve()
+    record = tuning.find(problem.config.with_isa(selected_isa()), tuning.sizes_of(problem),
+                         threads)
+    plan = record["plan"] if record else {}
+    return ";".join(f"{k}={v}" for k, v in sorted(plan.items())) or "rules"
 
 
 # --------------------------------------------------------------------------- overheads
@@ -530,11 +546,18 @@ def _fmt(value: float | None, digits: int) -> str:
 
 
 def table(rows: list[Row]) -> str:
+    tuned = any(r.tuned_gflops for r in rows)
     header = ["layer", "op", "threads", "ours GFLOP/s", "torch GFLOP/s", "ratio",
-              "ours % peak", "first call ms", "note"]
+              "ours % peak", "first call ms"]
+    header += ["tuned GFLOP/s", "tuned ratio", "tuned gain", "tuned plan"] if tuned else []
     lines = [[r.layer, r.op, str(r.threads), _fmt(r.ours_gflops, 2), _fmt(r.torch_gflops, 2),
-              _fmt(r.ratio, 3), _fmt(r.ours_pct_peak, 1), _fmt(r.first_call_ms, 0), r.note]
+              _fmt(r.ratio, 3), _fmt(r.ours_pct_peak, 1), _fmt(r.first_call_ms, 0)]
+             + ([_fmt(r.tuned_gflops, 2), _fmt(r.tuned_ratio, 3), _fmt(r.tuned_gain, 3),
+                 r.tuned_plan] if tuned else [])
              for r in rows]
+    header.append("note")
+    for line, r in zip(lines, rows, strict=True):
+        line.append(r.note)
     widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
     text = ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
             for line in [header, *lines]]
@@ -542,15 +565,29 @@ def table(rows: list[Row]) -> str:
     return "\n".join(text)
 
 
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
+
+
 def geomeans(rows: list[Row]) -> list[dict]:
-    """Geometric mean of the ratios per (op, threads)."""
-    groups: dict[tuple[str, int], list[float]] = {}
+    """Geometric means per (op, threads): of the ratios to PyTorch, and with --tune of
+    the tuned plans' ratios to PyTorch and their gains over the rules' plans."""
+    groups: dict[tuple[str, int], list[Row]] = {}
     for row in rows:
-        if row.ratio:
-            groups.setdefault((row.op, row.threads), []).append(row.ratio)
-    return [{"op": op, "threads": threads, "layers": len(ratios),
-             "geomean_ratio": math.exp(statistics.fmean(math.log(r) for r in ratios))}
-            for (op, threads), ratios in sorted(groups.items())]
+        if row.ratio or row.tuned_gain:
+            groups.setdefault((row.op, row.threads), []).append(row)
+    means = []
+    for (op, threads), group in sorted(groups.items()):
+        ratios = [r.ratio for r in group if r.ratio]
+        mean = {"op": op, "threads": threads, "layers": len(ratios),
+                "geomean_ratio": _geomean(ratios)}
+        if any(r.tuned_gain for r in group):
+            mean["tuned_geomean_ratio"] = _geomean([r.tuned_ratio for r in group
+                                                    if r.tuned_ratio])
+            mean["tuned_geomean_gain"] = _geomean([r.tuned_gain for r in group
+                                                   if r.tuned_gain])
+        means.append(mean)
+    return means
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -661,6 +698,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "PyTorch's oneDNN to the same (ONEDNN_MAX_CPU_ISA) and MKL too "
                              "(MKL_ENABLE_INSTRUCTIONS); default: the best this CPU runs, "
                              "unlimited")
+    parser.add_argument("--tune", action="store_true",
+                        help="also time each layer's tuned plan (convgrad.tuning: candidates "
+                             "timed at this size and thread count first), beside the rules' "
+                             "plan and PyTorch")
     parser.add_argument("--no-torch", action="store_true",
                         help="time convgrad only (PyTorch's CPU f16 weight gradient runs at "
                              "~0.2 GFLOP/s: a full f16 set with it takes hours)")
@@ -754,8 +795,10 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print("\ngeometric mean of ratios (convgrad / PyTorch):")
     for m in means:
-        print(f"  {m['op']:8} {m['threads']} thread(s): {m['geomean_ratio']:.3f} "
-              f"over {m['layers']} layers")
+        tuned = (f"; tuned {_fmt(m['tuned_geomean_ratio'], 3)}, tuned / untuned "
+                 f"{m['tuned_geomean_gain']:.3f}" if "tuned_geomean_gain" in m else "")
+        print(f"  {m['op']:8} {m['threads']} thread(s): {_fmt(m['geomean_ratio'], 3)} "
+              f"over {m['layers']} layers{tuned}")
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "results.csv")

@@ -56,9 +56,9 @@ def render_dims_declaration() -> str:
     return _environment().get_template("dims_struct.h.j2").render()
 
 
-def render_header(configs: list[KernelConfig], aliases: dict[str, str] | None = None) -> str:
+def render_header(names: list[str], aliases: dict[str, str] | None = None) -> str:
     """A C header declaring the given kernels (for AOT builds), and for each layer name
     in `aliases` (C identifier -> kernel name) macros naming its kernel."""
     template = _environment().get_template("header.h.j2")
-    return template.render(names=[c.name for c in configs], aliases=aliases or {},
+    return template.render(names=names, aliases=aliases or {},
                            generator_version=generator_version())

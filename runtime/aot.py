@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from convgrad import api, kernels
+from convgrad import api, kernels, tuning
 from convgrad.cache import file_digest
 from convgrad.codegen import OPS, KernelConfig, generator_version, render
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
-from convgrad.codegen.plan import ISA_FEATURES
+from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name
 from convgrad.codegen.render import render_header
 from convgrad.compiler import (
     archive,
@@ -41,7 +41,7 @@ from convgrad.compiler import (
     compiler_identity,
     link_shared,
 )
-from convgrad.cpu import selected_isa
+from convgrad.cpu import available_isas, selected_isa
 from convgrad.kernels import source_checkout
 from convgrad.onnx_layers import load_onnx
 from convgrad.reference import reference
@@ -49,6 +49,7 @@ from convgrad.reference import reference
 LIBRARY = "libconvgrad_kernels.so"
 STATIC_LIBRARY = "libconvgrad_kernels.a"
 HEADER = "convgrad_kernels.h"
+TUNED_PLANS = "tuned_plans.json"
 BUILTIN_SHAPES = "shapes_resnet_50"
 
 
@@ -64,6 +65,7 @@ class BuildResult:
     configs: dict[KernelConfig, list[Layer]]
     compile_seconds: dict[KernelConfig, float]
     seconds: float
+    plans: dict[KernelConfig, dict]
 
 
 def read_layers(paths: list[Path], *, ops=DEFAULT_OPS, dtype="f32", data_format="NXC",
@@ -99,14 +101,67 @@ def kernels_of(layers: list[Layer], isa: str) -> dict[KernelConfig, list[Layer]]
     return configs
 
 
+def representative(users: list[Layer]) -> Layer:
+    """The layer a shared kernel is tuned for: the one with the most multiply-adds."""
+    return max(users, key=lambda layer: _flops(layer.resolve()))
+
+
+def tune(layers: list[Layer], *, isa: str, jobs: int, threads: int,
+         progress=None) -> dict[KernelConfig, dict]:
+    """Tunes every kernel the layers need on this machine (convgrad.tuning), at the
+    sizes of its largest layer and on `threads` threads: every candidate is compiled,
+    `jobs` at a time, then timed one kernel after the other (parallel timing would
+    distort it). Returns the tuning records, also stored in the kernel cache."""
+    if isa not in available_isas():
+        raise ValueError(f"--tune times kernels on this machine, which cannot run isa {isa}")
+    configs = kernels_of(layers, isa)
+    pairs = [(config, plan) for config in configs for plan in candidates(config)]
+    done = [0]
+
+    def compiled_one() -> None:
+        done[0] += 1
+        if progress:
+            progress("compiling candidates", done[0], len(pairs), "")
+
+    loaded = tuning.compile_candidates(pairs, jobs=jobs, progress=compiled_one)
+    by_config: dict[KernelConfig, list[kernels.Kernel]] = {}
+    for (config, _), kernel in zip(pairs, loaded, strict=True):
+        by_config.setdefault(config, []).append(kernel)
+    records = {}
+    for index, (config, users) in enumerate(configs.items()):
+        layer = representative(users)
+        if progress:
+            progress("timing", index, len(configs), layer.name)
+        records[config] = tuning.time_candidates(
+            layer.resolve(), config, threads, by_config[config],
+            tuning.random_inputs(layer.inputs, layer.dtype))
+    if progress:
+        progress("timing", len(configs), len(configs), "")
+    tuning.store(list(records.values()))
+    return records
+
+
+def plans_from(records: list[dict], configs) -> dict[KernelConfig, dict]:
+    """The tuned record of each configuration found in `records` (an exported file)."""
+    found = {}
+    for record in records:
+        config = KernelConfig.from_dict(record["config"])
+        if config in configs:
+            found.setdefault(config, record)
+    return found
+
+
 def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
-          progress=None) -> BuildResult:
-    """Renders, compiles and links the kernels of `layers` into `output`.
+          progress=None, tuned: dict[KernelConfig, dict] | None = None) -> BuildResult:
+    """Renders, compiles and links the kernels of `layers` into `output`, each with
+    its tuned plan where `tuned` has a record for it (else the planner's rules).
 
     The folder is written fully before its manifest, which is replaced
     atomically, so a reader never sees a manifest naming missing kernels."""
     started = time.perf_counter()
     configs = kernels_of(layers, isa)
+    tuned = tuned or {}
+    plans = {c: check_plan(tuned[c]["plan"]) if c in tuned else {} for c in configs}
     # The ISA the kernels really use (avx512bf16 is avx512 for f32/f16 kernels): the
     # compile flags and the CPU features the manifest requires.
     isa = max((config.isa for config in configs), key=ISAS.index, default=isa)
@@ -117,13 +172,14 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     with tempfile.TemporaryDirectory(prefix="convgrad-aot-") as tmp:
         def compile_one(config: KernelConfig) -> Path:
             begin = time.perf_counter()
-            c_file = sources / f"{config.name}.c"
-            c_file.write_text(render(config))
-            obj = Path(tmp) / f"{config.name}.o"
+            name = kernel_name(config, plans[config])
+            c_file = sources / f"{name}.c"
+            c_file.write_text(render(config, plans[config]))
+            obj = Path(tmp) / f"{name}.o"
             compile_objects([c_file], obj, isa, shared=False)
             seconds[config] = time.perf_counter() - begin
             if progress:
-                progress(len(seconds), len(configs), config.name)
+                progress(len(seconds), len(configs), name)
             return obj
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -134,9 +190,10 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
         archive(objects, Path(tmp) / STATIC_LIBRARY)
         os.replace(shutil.copy(Path(tmp) / STATIC_LIBRARY, output / f".{STATIC_LIBRARY}.tmp"),
                    output / STATIC_LIBRARY)
-    aliases = {_c_identifier(layer.name): config.name
+    names = {config: kernel_name(config, plan) for config, plan in plans.items()}
+    aliases = {_c_identifier(layer.name): names[config]
                for config, users in configs.items() for layer in users}
-    (output / HEADER).write_text(render_header(list(configs), aliases))
+    (output / HEADER).write_text(render_header(list(names.values()), aliases))
     (output / "convgrad.mk").write_text(MAKE_FRAGMENT)
     (output / "convgrad.cmake").write_text(CMAKE_FRAGMENT)
     manifest = {
@@ -150,15 +207,20 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
         "static_library": STATIC_LIBRARY,
         "header": HEADER,
         "kernels": [
-            {"name": c.name, "config": c.to_dict(), "source": f"src/{c.name}.c",
+            {"name": names[c], "config": c.to_dict(), "source": f"src/{names[c]}.c",
+             "plan": plans[c],
+             **({"tuning": {k: v for k, v in tuned[c].items() if k != "config"}}
+                if c in tuned else {}),
              "layers": [{"op": layer.op, "name": layer.name} for layer in users]}
             for c, users in configs.items()
         ],
     }
+    if tuned:
+        tuning.export_plans(output / TUNED_PLANS, [tuned[c] for c in configs if c in tuned])
     temporary = output / ".manifest.json.tmp"
     temporary.write_text(json.dumps(manifest, indent=1))
     os.replace(temporary, output / "manifest.json")
-    return BuildResult(output, configs, seconds, time.perf_counter() - started)
+    return BuildResult(output, configs, seconds, time.perf_counter() - started, plans)
 
 
 MAKE_FRAGMENT = """\

@@ -9,9 +9,10 @@ from collections.abc import Mapping, Sequence
 import ml_dtypes
 import numpy as np
 
+from convgrad import kernels, tuning
 from convgrad.codegen import OPS, Problem, resolve
 from convgrad.cpu import selected_isa
-from convgrad.kernels import STATUS, ffi, get_kernel
+from convgrad.kernels import get_kernel
 from convgrad.threads import check as _check_threads
 from convgrad.threads import for_call as _threads_for_call
 
@@ -114,7 +115,7 @@ def _plan(op: str, a_shape, b_shape, attrs: Mapping, shape_input, dtype: str):
 
 
 def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | None = None,
-        num_threads: int | None = None) -> np.ndarray:
+        num_threads: int | None = None, tune: bool | str | None = None) -> np.ndarray:
     """Validates, infers the result shape and pads, and runs the op's kernel."""
     spec = OPS.get(op_kind) if isinstance(op_kind, str) else None
     if spec is None:
@@ -138,35 +139,29 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
         out = _check_out(op, out, problem, a.dtype, (a, b))
     if out.size == 0:  # batch 0 of a data op
         return out
-    kernel = get_kernel(config)
+    threads = _threads_for_call(num_threads)
+    plan = tuning.plan_for(problem, config, threads, tuning.mode(tune), (a, b))
+    kernel = get_kernel(config, plan)
     first, second = (b, a) if problem.swap_inputs else (a, b)
-    rank = problem.config.rank
-    dims = ffi.new("convgrad_dims *")
-    dims.batch = problem.batch
-    dims.src[0:rank] = problem.src_spatial
-    dims.dst[0:rank] = problem.dst_spatial
-    dims.pads_begin[0:rank] = problem.pads_begin
-    dims.num_threads = _threads_for_call(num_threads)
-    workspace = _workspace(kernel.workspace_size(dims))
-    status = kernel.function(ffi.from_buffer(first), ffi.from_buffer(second),
-                             ffi.from_buffer(out, require_writable=True), dims,
-                             ffi.from_buffer(workspace, require_writable=True))
-    if status:
-        error = MemoryError if status == 2 else RuntimeError
-        raise error(f"{op}: kernel {kernel.config.name} failed: "
-                    f"{STATUS.get(status, status)}")
+    dims = kernels.dims_of(problem, threads)
+    kernels.call(kernel, problem, dims, first, second, out, _workspace(kernel.workspace_size(dims)))
     return out
 
 
 def execute(op_kind: str, inputs: Sequence, attrs: Mapping | None = None, *,
-            out: np.ndarray | None = None, num_threads: int | None = None) -> np.ndarray:
+            out: np.ndarray | None = None, num_threads: int | None = None,
+            tune: bool | str | None = None) -> np.ndarray:
     """Runs `op_kind` (a name of SEMANTICS.md's first column) on `inputs` (the data
-    arrays, then optionally the shape input) with `attrs` (spec attribute names)."""
+    arrays, then optionally the shape input) with `attrs` (spec attribute names).
+    `tune`: True runs the plan tuned for these sizes and threads on this CPU, tuning
+    it first if there is none (convgrad.tuning); "reuse" only uses tuned plans; False
+    the planner's rules; None (default) follows CONVGRAD_TUNE."""
     if attrs is not None and not isinstance(attrs, Mapping):
         raise TypeError(f"execute: attrs is a {type(attrs).__name__}; expected a dict")
     if not isinstance(inputs, Sequence) or isinstance(inputs, str):
         raise TypeError(f"execute: inputs is a {type(inputs).__name__}; expected a list")
-    return run(op_kind, list(inputs), attrs or {}, out=out, num_threads=num_threads)
+    return run(op_kind, list(inputs), attrs or {}, out=out, num_threads=num_threads,
+               tune=tune)
 
 
 def infer_shape(op_kind: str, input_shapes: Sequence, attrs: Mapping | None = None
@@ -205,7 +200,8 @@ def _op_function(kind: str):
     for name, default in spec.defaults.items():
         parameters.append(inspect.Parameter(name, keyword, default=default))
     parameters += [inspect.Parameter("out", keyword, default=None),
-                   inspect.Parameter("num_threads", keyword, default=None)]
+                   inspect.Parameter("num_threads", keyword, default=None),
+                   inspect.Parameter("tune", keyword, default=None)]
     signature = inspect.Signature(parameters)
 
     names = [p.name for p in parameters]
@@ -233,7 +229,7 @@ def _op_function(kind: str):
             inputs.append(shape_input)
         attrs = {name: values[name] for name in spec.attributes if name in values}
         return run(kind, inputs, attrs, out=values.get("out"),
-                   num_threads=values.get("num_threads"))
+                   num_threads=values.get("num_threads"), tune=values.get("tune"))
 
     function.__name__ = function.__qualname__ = spec.function
     function.__signature__ = signature
@@ -243,7 +239,9 @@ def _op_function(kind: str):
         f"{kind}: computes `{spec.output}` from `{spec.inputs[0]}` and `{spec.inputs[1]}`."
         f"{shape_doc}\n\nAttributes are keywords with the spec's names (see SEMANTICS.md); "
         "a scalar per-axis value applies to every spatial axis. `out` is an optional "
-        "preallocated C-contiguous result, `num_threads` the OpenMP threads of this call.")
+        "preallocated C-contiguous result, `num_threads` the OpenMP threads of this call, "
+        "`tune` True/\"reuse\"/False to use (and with True make) a plan tuned for this "
+        "layer on this machine (default: CONVGRAD_TUNE; see convgrad.tuning).")
     return function
 
 

@@ -25,6 +25,7 @@ import os
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping
 from contextlib import suppress
 from functools import cache
 from pathlib import Path
@@ -33,7 +34,7 @@ import platformdirs
 from filelock import FileLock
 
 from convgrad.codegen import KernelConfig, generator_version, render
-from convgrad.codegen.plan import ISA_FEATURES
+from convgrad.codegen.plan import ISA_FEATURES, kernel_name
 from convgrad.compiler import (
     CompilerNotFoundError,
     compile_flags,
@@ -97,10 +98,13 @@ def _key_material(isa: str, flags: tuple[str, ...]) -> str:
                        "features": sorted(ISA_FEATURES[isa])}, sort_keys=True)
 
 
-def cache_key(config: KernelConfig) -> str:
-    """The hash of everything an entry depends on but the compiler: found without one."""
+def cache_key(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
+    """The hash of everything an entry depends on but the compiler: found without one.
+    A non-default plan is part of it (the default plan's keys are those of old)."""
     material = json.dumps(config.to_dict(), sort_keys=True) + _key_material(
         config.isa, compile_flags(config.isa))
+    if plan:
+        material += json.dumps(sorted(plan.items()))
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -115,19 +119,21 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _entry_stem(config: KernelConfig) -> str:
+def _entry_stem(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
     """An entry's name up to its compiler tag: the same for every compiler."""
-    return f"{config.name}-{cache_key(config)[:16]}"
+    return f"{kernel_name(config, plan)}-{cache_key(config, plan)[:16]}"
 
 
-def library_path(config: KernelConfig, folder: Path | None = None) -> Path:
+def library_path(config: KernelConfig, folder: Path | None = None,
+                 plan: Mapping[str, int] | None = None) -> Path:
     """This compiler's entry for `config` (CompilerNotFoundError without a compiler)."""
-    return (folder or cache_dir()) / f"{_entry_stem(config)}-{compiler_tag()}.so"
+    return (folder or cache_dir()) / f"{_entry_stem(config, plan)}-{compiler_tag()}.so"
 
 
-def cached_libraries(config: KernelConfig, folder: Path | None = None) -> list[Path]:
+def cached_libraries(config: KernelConfig, folder: Path | None = None,
+                     plan: Mapping[str, int] | None = None) -> list[Path]:
     """The valid entries of `config` built by any compiler, in name order."""
-    found = (folder or cache_dir()).glob(f"{_entry_stem(config)}-*.so")
+    found = (folder or cache_dir()).glob(f"{_entry_stem(config, plan)}-*.so")
     return sorted(p for p in found if is_valid(p))
 
 
@@ -147,45 +153,48 @@ def _touch(library: Path) -> None:
         os.utime(library.with_suffix(".json"))
 
 
-def build(config: KernelConfig) -> tuple[Path, bool]:
-    """Path of the kernel's shared library, compiled first if the cache has no valid
-    one, and whether this call compiled it."""
+def build(config: KernelConfig, plan: Mapping[str, int] | None = None) -> tuple[Path, bool]:
+    """Path of the kernel's shared library (of `plan`, default the planner's rules),
+    compiled first if the cache has no valid one, and whether this call compiled it."""
     folder = cache_dir()
     try:
-        return _build_in(config, folder)
+        return _build_in(config, folder, plan)
     except OSError as error:
         if error.errno not in UNWRITABLE:
             raise
-        return _build_in(config, _fallback_dir(configured_dir(), error.strerror))
+        return _build_in(config, _fallback_dir(configured_dir(), error.strerror), plan)
 
 
-def _build_in(config: KernelConfig, folder: Path) -> tuple[Path, bool]:
+def _build_in(config: KernelConfig, folder: Path,
+              plan: Mapping[str, int] | None) -> tuple[Path, bool]:
+    name = kernel_name(config, plan)
     try:
-        target = library_path(config, folder)
+        target = library_path(config, folder, plan)
     except CompilerNotFoundError:
-        found = cached_libraries(config, folder)
+        found = cached_libraries(config, folder, plan)
         if not found:
             raise
-        log.debug("%s: no compiler; using cached %s", config.name, found[0])
+        log.debug("%s: no compiler; using cached %s", name, found[0])
         _touch(found[0])
         return found[0], False
     if is_valid(target):
-        log.debug("%s: found in cache %s", config.name, target)
+        log.debug("%s: found in cache %s", name, target)
         _touch(target)
         return target, False
     with FileLock(target.with_suffix(".lock")):
         if is_valid(target):  # another process built it meanwhile
             return target, False
         started = time.perf_counter()
-        source = render(config)
+        source = render(config, plan)
         with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
-            c_file = Path(tmp) / f"{config.name}.c"
+            c_file = Path(tmp) / f"{name}.c"
             c_file.write_text(source)
             built = Path(tmp) / "kernel.so"
             compile_objects([c_file], built, config.isa)
             record = Path(tmp) / "record.json"
             record.write_text(json.dumps({"sha256": file_digest(built),
                                           "config": config.to_dict(),
+                                          "plan": dict(plan or {}),
                                           "generator": generator_version(),
                                           "compiler": compiler_identity(),
                                           "compiler_command": compiler_command(),
@@ -193,8 +202,7 @@ def _build_in(config: KernelConfig, folder: Path) -> tuple[Path, bool]:
             os.replace(c_file, target.with_suffix(".c"))  # kept for debugging
             os.replace(built, target)
             os.replace(record, target.with_suffix(".json"))  # last: marks it complete
-        log.info("%s: compiled in %.2f s -> %s", config.name, time.perf_counter() - started,
-                 target)
+        log.info("%s: compiled in %.2f s -> %s", name, time.perf_counter() - started, target)
     evict(folder, keep=target)
     return target, True
 

@@ -1,6 +1,7 @@
 """The `convgrad` command (also `python -m convgrad`).
 
-    convgrad aot [LAYER_FILES...] [-o DIR] [--ops ...] [--isa ...] [--check]
+    convgrad aot [LAYER_FILES...] [-o DIR] [--ops ...] [--isa ...] [--tune] [--check]
+    convgrad tune show | export FILE | import FILE
     convgrad cache show | clear
 
 Tables go to stdout and progress bars to stderr, both drawn by rich: one library
@@ -23,8 +24,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import convgrad
-from convgrad import aot, cache, kernels
-from convgrad.codegen import OPS, generator_version
+from convgrad import aot, cache, kernels, tuning
+from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS
 from convgrad.cpu import available_isas
@@ -91,8 +92,16 @@ def _add_aot_parser(commands) -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="timed calls per layer with --check (default: 5)")
     parser.add_argument("--threads", type=int, default=None,
-                        help="threads of the --check calls (default: OMP_NUM_THREADS, else "
-                             "every core)")
+                        help="threads the kernels are tuned for (--tune) and the --check calls "
+                             "run on (default: OMP_NUM_THREADS, else every core)")
+    parser.add_argument("--tune", action="store_true",
+                        help="time every kernel's candidate plans on this machine at its "
+                             "largest layer's sizes and build the fastest (see "
+                             "convgrad.tuning); writes tuned_plans.json into the output folder "
+                             "and keeps the plans in the kernel cache")
+    parser.add_argument("--plans", type=Path, default=None,
+                        help="build the plans of a tuned-plans file (from --tune or `convgrad "
+                             "tune export`) without timing anything")
     parser.set_defaults(run=_aot)
 
 
@@ -118,6 +127,40 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (OSError, ValueError, TypeError, RuntimeError) as error:
         parser.error(str(error))
     out = _stdout()
+    if args.tune and (args.plans or args.no_build):
+        parser.error("--tune builds kernels it times: not with --plans or --no-build")
+    threads = args.threads or convgrad.get_num_threads()
+    tuned = {}
+    if args.plans:
+        try:
+            records = tuning.read_plans(args.plans)
+        except (OSError, ValueError) as error:
+            parser.error(str(error))
+        tuned = aot.plans_from(records, aot.kernels_of(layers, isa))
+    if args.tune:
+        print(f"convgrad {generator_version()}: tuning {len(aot.kernels_of(layers, isa))} "
+              f"kernels on {threads} thread{'s' if threads > 1 else ''}", file=sys.stderr)
+        started = time.perf_counter()
+        with _progress() as progress:
+            tasks: dict[str, int] = {}
+
+            def tuned_step(stage: str, done: int, total: int, name: str) -> None:
+                if stage not in tasks:
+                    tasks[stage] = progress.add_task(stage, total=total, item="")
+                progress.update(tasks[stage], completed=done, total=total, item=name)
+
+            try:
+                tuned = aot.tune(layers, isa=isa, jobs=args.jobs, threads=threads,
+                                 progress=tuned_step)
+            except ValueError as error:
+                parser.error(str(error))
+        out.print(_table(["kernel", "tuned plan", "rules ms", "tuned ms", "gain"],
+                         [[c.name, _plan_text(r["plan"]), f"{r['rules_seconds'] * 1e3:.3f}",
+                           f"{r['tuned_seconds'] * 1e3:.3f}",
+                           f"{r['rules_seconds'] / r['tuned_seconds']:.2f}x"]
+                          for c, r in tuned.items()]))
+        out.print(f"tuned {len(tuned)} kernels in {time.perf_counter() - started:.1f} s "
+                  f"(batch and sizes of each kernel's largest layer, {threads} threads)")
 
     if args.no_build:
         configs, seconds = aot.kernels_of(layers, isa), {}
@@ -130,11 +173,12 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             def advance(done: int, total: int, name: str) -> None:
                 progress.update(task, completed=done, total=total, item=name)
 
-            result = aot.build(layers, output, isa=isa, jobs=args.jobs, progress=advance)
+            result = aot.build(layers, output, isa=isa, jobs=args.jobs, progress=advance,
+                               tuned=tuned)
         configs, seconds = result.configs, result.compile_seconds
-        out.print(_table(["kernel", "layers", "compile s"],
-                         [[c.name, len(users), f"{seconds[c]:.2f}"]
-                          for c, users in configs.items()]))
+        out.print(_table(["kernel", "layers", "plan", "compile s"],
+                         [[c.name, len(users), _plan_text(result.plans[c]),
+                           f"{seconds[c]:.2f}"] for c, users in configs.items()]))
         out.print(f"built {len(configs)} kernels for {len(layers)} layers into {output} "
                   f"({aot.LIBRARY}, {aot.STATIC_LIBRARY}, {aot.HEADER}) in "
                   f"{result.seconds:.1f} s")
@@ -143,7 +187,6 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     os.environ["CONVGRAD_AOT_PATH"] = str(output)
     kernels.reset()
-    threads = args.threads or convgrad.get_num_threads()
     rng = np.random.default_rng(0)
     rows, failures = [], 0
     with _progress() as progress:
@@ -165,6 +208,53 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out.print(f"{len(rows) - failures} of {len(rows)} layers exact and served by the AOT "
               "library")
     return 1 if failures else 0
+
+
+def _plan_text(plan: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(plan.items())) or "rules"
+
+
+def _add_tune_parser(commands) -> None:
+    parser = commands.add_parser(
+        "tune", help="show, export or import tuned plans",
+        description="Tuned plans (convgrad.tuning) kept in the kernel cache: list them, "
+                    "export them to a file a build can check in and ship, or import such a "
+                    "file (then CONVGRAD_TUNE=reuse or =1 uses them without timing).")
+    parser.add_argument("action", choices=["show", "export", "import"])
+    parser.add_argument("file", nargs="?", type=Path, help="the file to export to or import")
+    parser.set_defaults(run=_tune)
+
+
+def _tune(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    out = _stdout()
+    if args.action == "show":
+        records = tuning.all_records()
+        out.print(_table(
+            ["kernel", "sizes", "threads", "cpu", "plan", "rules ms", "tuned ms"],
+            [[KernelConfig.from_dict(r["config"]).name, _sizes_text(r["sizes"]), r["threads"],
+              r["machine"].get("cpu", "?"), _plan_text(r["plan"]),
+              f"{r['rules_seconds'] * 1e3:.3f}", f"{r['tuned_seconds'] * 1e3:.3f}"]
+             for r in records]))
+        out.print(f"{len(records)} tuned plans in {cache.cache_dir() / 'tuned'}")
+        return 0
+    if args.file is None:
+        parser.error(f"tune {args.action} needs a FILE")
+    try:
+        if args.action == "export":
+            count = tuning.export_plans(args.file)
+            out.print(f"exported {count} tuned plans to {args.file}")
+        else:
+            count = tuning.import_plans(args.file)
+            out.print(f"imported {count} tuned plans from {args.file} into "
+                      f"{cache.cache_dir() / 'tuned'}")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        parser.error(f"{args.file}: {error}")
+    return 0
+
+
+def _sizes_text(sizes: dict) -> str:
+    return (f"n{sizes['batch']} " + "x".join(map(str, sizes["dst"]))
+            + (f" pads {','.join(map(str, sizes['pads']))}" if any(sizes["pads"]) else ""))
 
 
 def _add_cache_parser(commands) -> None:
@@ -202,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
                         version=f"convgrad {generator_version()}")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
     _add_aot_parser(commands)
+    _add_tune_parser(commands)
     _add_cache_parser(commands)
     args = parser.parse_args(argv)
     return args.run(args, parser)

@@ -13,14 +13,33 @@ from convgrad.codegen.plan import runnable_isas
 @cache
 def cpu_features() -> frozenset[str]:
     """Feature flags of this CPU as Linux names them (empty where unknown)."""
+    return frozenset(_cpuinfo().get("flags", "").split())
+
+
+@cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                if not line.strip():
+                    break
+                name, _, value = line.partition(":")
+                fields.setdefault(name.strip(), value.strip())
     except OSError:
         pass
-    return frozenset()
+    return fields
+
+
+@cache
+def cpu_model() -> str:
+    """This CPU as /proc/cpuinfo names it, with its family, model and stepping (a VM's
+    model name alone, such as "AMD EPYC", does not tell one generation from another)."""
+    info = _cpuinfo()
+    name = info.get("model name") or platform.processor() or platform.machine()
+    numbers = [f"{key} {info[key]}" for key in ("cpu family", "model", "stepping") if key in info]
+    return f"{name} ({', '.join(numbers)})" if numbers else name
 
 
 @cache

@@ -6,7 +6,8 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cffi
@@ -14,6 +15,7 @@ import cffi
 from convgrad import cache
 from convgrad.cache import file_digest
 from convgrad.codegen import KernelConfig, generator_version
+from convgrad.codegen.plan import check_plan, kernel_name, plan_key
 from convgrad.codegen.render import render_dims_declaration
 from convgrad.compiler import CompilerNotFoundError
 from convgrad.cpu import available_isas, cpu_features
@@ -26,7 +28,7 @@ ffi = cffi.FFI()
 ffi.cdef(render_dims_declaration())  # the struct exactly as the kernels declare it
 _lock = threading.RLock()
 _declared: set[str] = set()
-_loaded: dict[KernelConfig, Kernel] = {}
+_loaded: dict[tuple[KernelConfig, str | None], Kernel] = {}
 _libraries: dict[Path, object] = {}
 
 
@@ -39,21 +41,25 @@ class Kernel:
     workspace_size: object  # bytes of scratch a call needs, from its convgrad_dims
     origin: str  # "aot", "cache" or "compiled"
     path: Path
+    plan: dict = field(default_factory=dict)  # {} for the planner's rules
+
+    @property
+    def name(self) -> str:
+        return kernel_name(self.config, self.plan)
 
 
-def _bind(config: KernelConfig, path: Path) -> tuple[object, object]:
+def _bind(name: str, path: Path) -> tuple[object, object]:
     with _lock:
-        if config.name not in _declared:
-            ffi.cdef(f"int {config.name}(const void *, const void *, void *, "
+        if name not in _declared:
+            ffi.cdef(f"int {name}(const void *, const void *, void *, "
                      f"const convgrad_dims *, void *);\n"
-                     f"int64_t {config.name}_workspace_size(const convgrad_dims *);")
-            _declared.add(config.name)
+                     f"int64_t {name}_workspace_size(const convgrad_dims *);")
+            _declared.add(name)
         library = _libraries.get(path)
         if library is None:
             library = ffi.dlopen(str(path))
             _libraries[path] = library
-        return (getattr(library, config.name),
-                getattr(library, f"{config.name}_workspace_size"))
+        return getattr(library, name), getattr(library, f"{name}_workspace_size")
 
 
 def source_checkout() -> Path | None:
@@ -73,13 +79,14 @@ def aot_search_path() -> list[Path]:
     return [root / "generated"] if root else []
 
 
-_aot_index: dict[KernelConfig, Path] | None = None
+# An AOT kernel: its library, C name and plan (tuned ones are built with theirs).
+_aot_index: dict[KernelConfig, tuple[Path, str, dict]] | None = None
 _refused: list[str] = []  # AOT folders skipped because this CPU cannot run them
 _aot_index_path: list[Path] | None = None
 
 
-def _read_manifests() -> dict[KernelConfig, Path]:
-    index: dict[KernelConfig, Path] = {}
+def _read_manifests() -> dict[KernelConfig, tuple[Path, str, dict]]:
+    index: dict[KernelConfig, tuple[Path, str, dict]] = {}
     _refused.clear()
     for folder in aot_search_path():
         manifest = folder / "manifest.json"
@@ -103,13 +110,15 @@ def _read_manifests() -> dict[KernelConfig, Path]:
                             library)
                 continue
             for entry in data["kernels"]:
-                index.setdefault(KernelConfig.from_dict(entry["config"]), library)
+                config = KernelConfig.from_dict(entry["config"])
+                plan = check_plan(entry.get("plan", {}))
+                index.setdefault(config, (library, kernel_name(config, plan), plan))
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.warning("ignoring unreadable AOT manifest %s: %s", manifest, error)
     return index
 
 
-def _aot_library(config: KernelConfig) -> Path | None:
+def _aot_kernel(config: KernelConfig) -> tuple[Path, str, dict] | None:
     global _aot_index, _aot_index_path
     path = aot_search_path()
     if _aot_index is None or path != _aot_index_path:
@@ -125,34 +134,64 @@ def reset() -> None:
         _aot_index = None
 
 
-def get_kernel(config: KernelConfig) -> Kernel:
+def get_kernel(config: KernelConfig, plan: Mapping[str, int] | None = None) -> Kernel:
     """The kernel for `config`: already loaded, from an AOT build, or from the disk
     cache (compiled there first if needed). An AOT kernel for a lesser ISA this CPU
-    runs is taken before compiling."""
-    kernel = _loaded.get(config)
+    runs is taken before compiling. `plan` None takes the AOT kernel whatever its plan
+    (a tuned build's), else the planner's rules; a given plan ({} for the rules) takes
+    exactly that one."""
+    key = (config, None if plan is None else plan_key(plan))
+    kernel = _loaded.get(key)
     if kernel is not None:
         return kernel
     with _lock:
-        kernel = _loaded.get(config)
+        kernel = _loaded.get(key)
         if kernel is None:
-            kernel = _load(config)
-            _loaded[config] = kernel
+            kernel = _load(config, None if plan is None else check_plan(plan))
+            _loaded[key] = kernel
         return kernel
 
 
-def _load(config: KernelConfig) -> Kernel:
+def _load(config: KernelConfig, plan: dict | None) -> Kernel:
     isas = available_isas()
     for isa in isas[isas.index(config.isa):] if config.isa in isas else [config.isa]:
-        library = _aot_library(config.with_isa(isa))
-        if library is not None:
-            functions = _bind(config.with_isa(isa), library)
-            log.debug("%s: ahead-of-time kernel from %s", config.name, library)
-            return Kernel(config.with_isa(isa), *functions, "aot", library)
+        found = _aot_kernel(config.with_isa(isa))
+        if found is not None and (plan is None or plan_key(plan) == plan_key(found[2])):
+            library, name, aot_plan = found
+            log.debug("%s: ahead-of-time kernel from %s", name, library)
+            return Kernel(config.with_isa(isa), *_bind(name, library), "aot", library, aot_plan)
+    plan = plan or {}
     try:
-        path, compiled = cache.build(config)
+        path, compiled = cache.build(config, plan)
     except CompilerNotFoundError as error:
         if not _refused:
             raise
         raise CompilerNotFoundError(f"{error}; ahead-of-time kernels were skipped: "
                                     + "; ".join(_refused)) from None
-    return Kernel(config, *_bind(config, path), "compiled" if compiled else "cache", path)
+    return Kernel(config, *_bind(kernel_name(config, plan), path),
+                  "compiled" if compiled else "cache", path, plan)
+
+
+def call(kernel: Kernel, problem, dims, first, second, out, workspace) -> None:
+    """Runs `kernel` on the problem's sizes `dims` (dims_of): `first`, `second` and `out`
+    are the kernel's buffers (numpy arrays, in its argument order), `workspace` at least
+    `kernel.workspace_size(dims)` bytes (a numpy uint8 array)."""
+    status = kernel.function(ffi.from_buffer(first), ffi.from_buffer(second),
+                             ffi.from_buffer(out, require_writable=True), dims,
+                             ffi.from_buffer(workspace, require_writable=True))
+    if status:
+        error = MemoryError if status == 2 else RuntimeError
+        raise error(f"{problem.op.kind}: kernel {kernel.name} failed: "
+                    f"{STATUS.get(status, status)}")
+
+
+def dims_of(problem, num_threads: int):
+    """The `convgrad_dims` of a resolved problem."""
+    rank = problem.config.rank
+    dims = ffi.new("convgrad_dims *")
+    dims.batch = problem.batch
+    dims.src[0:rank] = problem.src_spatial
+    dims.dst[0:rank] = problem.dst_spatial
+    dims.pads_begin[0:rank] = problem.pads_begin
+    dims.num_threads = num_threads
+    return dims

@@ -1,0 +1,296 @@
+"""The empirical tuner: candidate plans, their exactness, reuse of tuned plans without
+timing, export and import, and AOT builds with tuned plans used without a compiler."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cases import make_case
+
+import convgrad
+from convgrad import kernels, tuning
+from convgrad.codegen import KernelConfig
+from convgrad.codegen.ops import resolve
+from convgrad.codegen.plan import (
+    PLAN_CHOICES,
+    candidates,
+    check_plan,
+    kernel_name,
+    render_context,
+)
+from convgrad.codegen.render import render
+
+ROOT = Path(__file__).resolve().parent.parent
+ISAS = convgrad.cpu.available_isas()
+# The best path this CPU runs and the avx2 path (when it is another one).
+PATHS = list(dict.fromkeys(i for i in (ISAS[0], "avx2") if i in ISAS))
+
+
+def _config(family, kernel, cin, cout, data_format="NXC", groups=1, dtype="f32",
+            isa="avx512"):
+    rank = len(kernel)
+    return KernelConfig(family, kernel, (1,) * rank, (1,) * rank, groups, cin, cout,
+                        data_format, "XIO", dtype).with_isa(isa)
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_candidates_render_different_kernels(isa):
+    """The default (the rules' plan) first, then variations that each render other C
+    under another kernel name; every plan is made of known choices."""
+    configs = [_config("bwd_data", (3, 3), 64, 64, isa=isa),
+               _config("bwd_data", (1, 1), 256, 64, "NCX", isa=isa),
+               _config("fwd", (3, 3), 48, 80, isa=isa),
+               _config("bwd_weights", (1, 1), 256, 64, isa=isa),
+               _config("bwd_weights", (3, 3), 64, 64, "NCX", isa=isa),
+               _config("bwd_data", (3, 3), 1, 1, groups=32, isa=isa)]
+    for config in configs:
+        plans = candidates(config)
+        assert plans[0] == {} and 2 <= len(plans) <= 8, (config.name, plans)
+        names = [kernel_name(config, p) for p in plans]
+        assert names[0] == config.name and len(set(names)) == len(names)
+        spellings = {json.dumps({k: v for k, v in render_context(config, "", p).items()
+                                 if k not in ("name", "plan_items")}, default=str)
+                     for p in plans}
+        assert len(spellings) == len(plans)
+        for plan in plans:
+            assert check_plan(plan) == plan and set(plan) <= set(PLAN_CHOICES)
+    # the default plan's source is the untuned kernel's, and names only its config
+    assert render(configs[0], {}) == render(configs[0])
+    assert "Plan (tuned" in render(configs[0], candidates(configs[0])[1])
+
+
+def test_plans_are_checked():
+    with pytest.raises(ValueError, match="unknown plan choices"):
+        check_plan({"tile_width": 3})
+    with pytest.raises(ValueError, match="vec_block"):
+        check_plan({"vec_block": 0})
+    assert check_plan({"packed": True}) == {"packed": 1}
+
+
+# One problem per kernel family and plan kind: variations of blocks, chunks, padded
+# columns, NCX in place, loop orders, packed panels and slices, sliding tiles.
+EXACT_CASES = {
+    "data 3x3 strided": dict(op="ConvolutionBackwardData", spatial=(6, 11), kernel=(3, 3),
+                             in_channels=70, out_channels=40, batch=2,
+                             attrs=dict(strides=[2, 1], pads_begin=1, pads_end=1)),
+    "data 1x1 NCX": dict(op="ConvolutionBackwardData", spatial=(12, 13), kernel=(1, 1),
+                         in_channels=70, out_channels=37, batch=2, data_format="NCX"),
+    "fwd 3x3": dict(op="ConvTransposeBackwardData", spatial=(9, 8), kernel=(3, 3),
+                    in_channels=40, out_channels=50, batch=2,
+                    attrs=dict(pads_begin=1, pads_end=1)),
+    "weights 1x1": dict(op="ConvolutionBackwardWeights", spatial=(32, 33), kernel=(1, 1),
+                        in_channels=150, out_channels=40, batch=4),
+    "weights 3x3 NCX f16": dict(op="ConvolutionBackwardWeights", spatial=(14, 11),
+                                kernel=(3, 3), in_channels=40, out_channels=34, groups=2,
+                                batch=2, data_format="NCX", dtype="f16",
+                                attrs=dict(pads_begin=1, pads_end=0)),
+    "depthwise data": dict(op="ConvolutionBackwardData", spatial=(5, 30), kernel=(3, 3),
+                           in_channels=24, out_channels=24, groups=24, batch=2,
+                           attrs=dict(pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("isa", PATHS)
+@pytest.mark.parametrize("name", sorted(EXACT_CASES))
+def test_every_candidate_is_exact(isa, name, monkeypatch):
+    """Each candidate plan, forced, gives the reference's bits on integer data, the
+    same on 1 and 2 threads."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    params = dict(EXACT_CASES[name])
+    op = params.pop("op")
+    case = make_case(op, **params, seed=11)
+    a, b = case.inputs[:2]
+    problem = resolve(op, [a.shape, b.shape], case.attrs, None, params.get("dtype", "f32"))
+    config = problem.config.with_isa(isa)
+    expected = case.expected(a.dtype)
+    first, second = (b, a) if problem.swap_inputs else (a, b)
+    plans = candidates(config)
+    assert len(plans) >= 2
+    for plan in plans:
+        kernel = kernels.get_kernel(config, plan)
+        assert kernel.plan == plan and kernel.name == kernel_name(config, plan)
+        results = []
+        for threads in (1, 2):
+            dims = kernels.dims_of(problem, threads)
+            out = np.empty(problem.output_shape, dtype=a.dtype)
+            workspace = np.empty(kernel.workspace_size(dims), dtype=np.uint8)
+            kernels.call(kernel, problem, dims, first, second, out, workspace)
+            results.append(out)
+        view = np.uint16 if a.dtype.itemsize == 2 else np.uint32
+        np.testing.assert_array_equal(results[0].view(view), expected.view(view),
+                                      err_msg=f"{config.name} plan {plan}")
+        np.testing.assert_array_equal(results[1].view(view), results[0].view(view))
+
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import convgrad
+    from convgrad import kernels, tuning
+    from convgrad.codegen.plan import kernel_name
+    rng = np.random.default_rng(0)
+    src = rng.integers(-3, 4, (2, 40, 36, 64)).astype(np.float32)
+    dd = rng.integers(-3, 4, (2, 40, 36, 48)).astype(np.float32)
+    result = convgrad.convolution_backward_weights(src, dd, weights_shape=[1, 1],
+                                                   num_threads=2)
+    untuned = convgrad.convolution_backward_weights(src, dd, weights_shape=[1, 1],
+                                                    num_threads=2, tune=False)
+    from convgrad.api import _plan
+    from convgrad.cpu import selected_isa
+    problem, config = _plan("ConvolutionBackwardWeights", src.shape, dd.shape,
+                            {"weights_shape": [1, 1]}, None, "f32")
+    plan = tuning.plan_for(problem, config, 2, tuning.mode(), (src, dd))
+    print(json.dumps({"timings": tuning.timings_run, "plan": plan,
+                      "same": bool(np.array_equal(result, untuned)),
+                      "loaded": sorted(k[1] or "" for k in kernels._loaded if k[1])}))
+""")
+
+
+def _child(env: dict) -> dict:
+    run = subprocess.run([sys.executable, "-c", CHILD], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_a_tuned_plan_is_reused_without_timing(tmp_path):
+    """CONVGRAD_TUNE=1 times the candidates once and stores the winner; a second
+    process reuses it without timing anything; untuned calls run the rules' plan."""
+    cache_dir = str(tmp_path / "cache")
+    first = _child({"CONVGRAD_CACHE_DIR": cache_dir, "CONVGRAD_TUNE": "1"})
+    assert first["timings"] >= 2 and first["same"]
+    (record,) = json.loads(next((tmp_path / "cache" / "tuned").glob("*.json")).read_text())[
+        "records"]
+    assert record["threads"] == 2 and record["sizes"] == {"batch": 2, "src": [40, 36],
+                                                          "dst": [40, 36], "pads": [0, 0]}
+    assert set(record["seconds"]) == set(record["plans"]) and len(record["plans"]) >= 2
+    assert record["machine"]["cpu"] == convgrad.cpu.cpu_model()
+    assert first["plan"] == record["plan"]
+    second = _child({"CONVGRAD_CACHE_DIR": cache_dir, "CONVGRAD_TUNE": "1"})
+    assert second["timings"] == 0 and second["plan"] == record["plan"] and second["same"]
+    untuned = _child({"CONVGRAD_CACHE_DIR": cache_dir, "CONVGRAD_TUNE": "0"})
+    assert untuned["timings"] == 0 and untuned["plan"] is None
+
+
+def test_export_and_import_of_a_tuned_plan(tmp_path, monkeypatch):
+    """A record written by hand with a plan the rules would not choose, exported and
+    imported into another cache, is run by a process there (CONVGRAD_TUNE=reuse)
+    without timing, exactly."""
+    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "one"))
+    tuning.reset()
+    src_shape, dd_shape = (2, 40, 36, 64), (2, 40, 36, 48)
+    problem = resolve("ConvolutionBackwardWeights", [src_shape, dd_shape],
+                      {"weights_shape": [1, 1]}, None, "f32")
+    config = problem.config.with_isa(convgrad.cpu.selected_isa())
+    plan = {"vec_block": 2, "max_slices": 1}
+    record = {"config": config.to_dict(), "sizes": tuning.sizes_of(problem), "threads": 2,
+              "plan": plan, "machine": tuning.machine(), "seconds": {}, "plans": {},
+              "rules_seconds": 1.0, "tuned_seconds": 1.0}
+    assert tuning.store([record]) == 1
+    exported = tmp_path / "plans.json"
+    assert tuning.export_plans(exported) == 1
+    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "two"))
+    tuning.reset()
+    assert tuning.all_records() == []
+    assert tuning.import_plans(exported) == 1
+    child = _child({"CONVGRAD_CACHE_DIR": str(tmp_path / "two"), "CONVGRAD_TUNE": "reuse"})
+    assert child["timings"] == 0 and child["plan"] == plan and child["same"]
+    assert child["loaded"] == [kernel_name(config, plan).rsplit("_p", 1)[1]]
+    with pytest.raises(ValueError, match="tuned-plans file"):
+        bad = tmp_path / "bad.json"
+        bad.write_text("{}")
+        tuning.import_plans(bad)
+    tuning.reset()
+
+
+def test_tune_modes():
+    assert tuning.mode(True) == "on" and tuning.mode(False) == "off"
+    assert tuning.mode("reuse") == "reuse"
+    with pytest.raises(ValueError, match="expected on"):
+        tuning.mode("sometimes")
+
+
+def test_aot_build_with_tune_runs_without_a_compiler(tmp_path):
+    """`convgrad aot --tune` times each kernel's candidates, builds the winners and
+    records them; a process with no compiler runs the layers from that library,
+    exactly, with the manifest's kernels."""
+    layers = tmp_path / "layers.json"
+    layers.write_text(json.dumps([
+        {"op": "ConvolutionBackwardWeights", "name": "w1x1",
+         "inputs": [[2, 24, 22, 96], [2, 24, 22, 40], [1, 1]], "attrs": {}},
+        {"op": "ConvolutionBackwardData", "name": "d3x3",
+         "inputs": [[2, 14, 13, 40], [3, 3, 24, 40], [14, 13]],
+         "attrs": {"pads_begin": [1, 1], "pads_end": [1, 1]}}]))
+    output = tmp_path / "aot"
+    env = {**os.environ, "CONVGRAD_CACHE_DIR": str(tmp_path / "cache"),
+           "CONVGRAD_AOT_PATH": ""}
+    build = subprocess.run([sys.executable, "-m", "convgrad", "aot", str(layers), "-o",
+                            str(output), "--tune", "--threads", "1", "-j", "2"],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert "tuned 2 kernels" in build.stdout
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert all("tuning" in k and "plan" in k for k in manifest["kernels"])
+    for kernel in manifest["kernels"]:
+        config = KernelConfig.from_dict(kernel["config"])
+        assert kernel["name"] == kernel_name(config, kernel["plan"])
+        assert kernel["tuning"]["plan"] == kernel["plan"]
+    assert len(tuning.read_plans(output / "tuned_plans.json")) == 2
+    header = (output / "convgrad_kernels.h").read_text()
+    assert all(k["name"] in header for k in manifest["kernels"])
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        import numpy as np
+        from cases import make_case
+        from convgrad import kernels
+        from convgrad.codegen.ops import resolve
+        from convgrad.cpu import selected_isa
+        cases = [make_case("ConvolutionBackwardWeights", spatial=(24, 22), kernel=(1, 1),
+                           in_channels=96, out_channels=40, batch=2),
+                 make_case("ConvolutionBackwardData", spatial=(14, 13), kernel=(3, 3),
+                           in_channels=24, out_channels=40, batch=2,
+                           attrs=dict(pads_begin=1, pads_end=1))]
+        found = []
+        for case in cases:
+            import convgrad
+            result = convgrad.execute(case.op, case.inputs, case.attrs, num_threads=2)
+            config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs,
+                             None, "f32").config.with_isa(selected_isa())
+            kernel = kernels.get_kernel(config)
+            found.append([kernel.origin, kernel.name,
+                          bool(np.array_equal(result, case.expected(np.float32)))])
+        print(json.dumps(found))
+    """)
+    no_compiler = {**env, "CONVGRAD_AOT_PATH": str(output), "CC": "/nonexistent/cc",
+                   "PATH": str(Path(sys.executable).parent),
+                   "CONVGRAD_CACHE_DIR": str(tmp_path / "empty")}
+    run = subprocess.run([sys.executable, "-c", script], env=no_compiler,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    names = {k["name"] for k in manifest["kernels"]}
+    assert [f[0] for f in found] == ["aot", "aot"] and all(f[2] for f in found)
+    assert {f[1] for f in found} == names
+
+
+def test_tune_command_shows_exports_and_imports(tmp_path):
+    env = {**os.environ, "CONVGRAD_CACHE_DIR": str(tmp_path / "cache")}
+    command = [sys.executable, "-m", "convgrad", "tune"]
+    shown = subprocess.run([*command, "show"], env=env, capture_output=True, text=True)
+    assert shown.returncode == 0 and "0 tuned plans" in shown.stdout
+    missing = subprocess.run([*command, "export"], env=env, capture_output=True, text=True)
+    assert missing.returncode == 2 and "needs a FILE" in missing.stderr
+    exported = subprocess.run([*command, "export", str(tmp_path / "p.json")], env=env,
+                              capture_output=True, text=True)
+    assert exported.returncode == 0 and "exported 0" in exported.stdout
+    imported = subprocess.run([*command, "import", str(tmp_path / "p.json")], env=env,
+                              capture_output=True, text=True)
+    assert imported.returncode == 0 and "imported 0" in imported.stdout
