@@ -48,6 +48,7 @@ import convgrad
 from convgrad import api, kernels, tuning
 from convgrad.codegen import KernelConfig, generator_version
 from convgrad.codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn
+from convgrad.codegen.targets import host
 from convgrad.compiler import compile_objects, compiler_identity
 from convgrad.cpu import available_isas, cpu_model, selected_isa
 
@@ -252,6 +253,7 @@ def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:
 def machine_info(peak: float) -> dict:
     return {
         "cpu": cpu_model(),
+        "target": host(),
         "logical_cpus": os.cpu_count(),
         "cpu_isas": list(available_isas()),
         "isa": selected_isa(),

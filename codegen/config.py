@@ -20,7 +20,8 @@ FAMILIES = ("fwd", "bwd_data", "bwd_weights")
 DATA_FORMATS = ("NXC", "NCX")
 WEIGHTS_FORMATS = ("OIX", "XIO")  # in the forward-convolution problem's terms
 DTYPES = ("f32", "f16", "bf16")
-ISAS = ("portable", "avx2", "avx512", "avx512bf16")
+# ISA paths: the portable C path, then x86's and aarch64's, each list by capability.
+ISAS = ("portable", "avx2", "avx512", "avx512bf16", "neon", "sve256")
 # ISA paths that add instructions for some dtypes only: for the other dtypes they are
 # their base path, so those kernels (and their cache entries) are shared.
 ISA_EXTENSIONS: dict[str, tuple[tuple[str, ...], str]] = {"avx512bf16": (("bf16",), "avx512")}

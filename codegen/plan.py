@@ -73,6 +73,9 @@ ISA_FEATURES: dict[str, frozenset[str]] = {
     "avx512": _AVX512,
     "avx2": frozenset({"avx2", "fma", "f16c"}),
     "portable": frozenset(),
+    # aarch64 (/proc/cpuinfo "Features" names); sve256 also needs 256-bit SVE vectors
+    "neon": frozenset({"asimd"}),
+    "sve256": frozenset({"asimd", "sve"}),
 }
 
 # Target flags per ISA; the portable path is the compiler's baseline for the machine.
@@ -83,7 +86,16 @@ ISA_FLAGS: dict[str, tuple[str, ...]] = {
     "avx512": _AVX512_FLAGS,
     "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "portable": (),
+    "neon": ("-march=armv8-a",),
+    "sve256": ("-march=armv8.2-a+sve", "-msve-vector-bits=256"),
 }
+# Flags an ISA path needs on top of a named target's own (convgrad aot --target): x86's
+# feature flags (GCC 12 knows no znver4, so zen4's flags lack -mavx512bf16) and the
+# vector width; on aarch64 the target's -mcpu chooses the instructions, and another
+# -march would contradict it.
+ISA_EXTRA_FLAGS: dict[str, tuple[str, ...]] = {
+    "avx512bf16": ISA_FLAGS["avx512bf16"], "avx512": ISA_FLAGS["avx512"],
+    "avx2": ISA_FLAGS["avx2"], "portable": (), "neon": (), "sve256": ("-msve-vector-bits=256",)}
 
 FAMILY_DOCS = {
     "fwd": "forward convolution, for ConvTransposeBackwardData",
@@ -94,14 +106,24 @@ FAMILY_DOCS = {
 
 # f32 lanes of a vector, and how many accumulator vectors a tile may keep in
 # registers (32 zmm / 16 ymm or xmm, less the weight vectors and a broadcast).
-VECTOR_LANES = {"avx512bf16": 16, "avx512": 16, "avx2": 8, "portable": 4}
-ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12}
-MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3}
+VECTOR_LANES = {"avx512bf16": 16, "avx512": 16, "avx2": 8, "portable": 4, "neon": 4,
+                "sve256": 8}
+# Vector registers of each path (aarch64 has 32 for NEON and SVE alike).
+REGISTERS = {"avx512bf16": 32, "avx512": 32, "avx2": 16, "portable": 16, "neon": 32,
+             "sve256": 32}
+# Which x86 intrinsics the templates spell masked loads and conversions with; "generic":
+# none (portable C the compiler vectorises).
+SIMD = {"avx512bf16": "avx512", "avx512": "avx512", "avx2": "avx2", "portable": "generic",
+        "neon": "generic", "sve256": "generic"}
+ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12, "neon": 27,
+                "sve256": 27}
+MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neon": 4,
+                    "sve256": 4}
 MAX_TILE_ROWS = 14
 # A run of exactly one pixel more than a tile's height is one tile where the accumulators
 # fit in this many of 32 registers (one may spill: cheaper than a second, short tile).
 # Zen 4 avx512, 3x3 512 channels on 7x7 outputs: 88.9 -> 97.2 GFLOP/s (7x4 tiles, not 4 + 3).
-LONG_TILE_ACCUMULATORS = {"avx512bf16": 28, "avx512": 28}
+LONG_TILE_ACCUMULATORS = {"avx512bf16": 28, "avx512": 28, "neon": 28, "sve256": 28}
 WEIGHT_CHUNK_BYTES = 512 * 1024  # half of a 1 MB L2 (Zen 4, Sapphire Rapids: 2 MB)
 
 # Weight-gradient chunks: every tile passes over one chunk of diff_dst rows before the
@@ -295,8 +317,8 @@ def depthwise_weight_rows(config: KernelConfig) -> dict:
 # Channels-first f32 1x1 data gradients (stride 1, no pads) read and write NCX in place:
 # tiles of NCX_ROWS output channels x NCX_VECS pixel vectors, on images of at least
 # NCX_MIN_PIXELS pixels (smaller ones transpose: whole vectors no longer dominate).
-NCX_ROWS = {"avx512bf16": 6, "avx512": 6, "avx2": 4, "portable": 4}
-NCX_VECS = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3}
+NCX_ROWS = {"avx512bf16": 6, "avx512": 6, "avx2": 4, "portable": 4, "neon": 6, "sve256": 6}
+NCX_VECS = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neon": 4, "sve256": 4}
 NCX_MIN_PIXELS = 128
 
 
@@ -332,7 +354,8 @@ def _near_equal(total: int, most: int) -> int:
 # MobileNet 3x3 layers, 1 thread: 32 channels on 112x112 22 -> 26 GFLOP/s (both paths);
 # 128 on 56x56 avx2 10.6 -> 14.5; but 512 on 14x14 avx2 33 -> 21 (pixels 2 KB apart): only
 # up to SLIDE_MAX_CHANNELS.
-SLIDE_ROWS = {"avx512bf16": 16, "avx512": 16, "avx2": 11, "portable": 11}
+SLIDE_ROWS = {"avx512bf16": 16, "avx512": 16, "avx2": 11, "portable": 11, "neon": 16,
+              "sve256": 16}
 SLIDE_MAX_CHANNELS = 256
 
 
@@ -342,8 +365,7 @@ def slide_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> in
     if not (config.depthwise and config.family != "bwd_weights" and config.strides[-1] == 1
             and kw > 1 and plan.get("slide", config.groups <= SLIDE_MAX_CHANNELS)):
         return 0
-    registers = 32 if VECTOR_LANES[config.isa] == 16 else 16
-    return max(0, min(SLIDE_ROWS[config.isa], registers - kw - 2))
+    return max(0, min(SLIDE_ROWS[config.isa], REGISTERS[config.isa] - kw - 2))
 
 
 def pad_columns_below(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
@@ -410,6 +432,7 @@ def render_context(config: KernelConfig, generator_version: str,
         else "",
         "isa": config.isa,
         "vl": VECTOR_LANES[config.isa],
+        "simd": SIMD[config.isa],
         "transpose_stages": _halvings(VECTOR_LANES[config.isa]),
         "transpose_masks": transpose_masks(VECTOR_LANES[config.isa]),
         "bf16_dot": uses_bf16_dot(config),

@@ -34,6 +34,7 @@ from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
 from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name
 from convgrad.codegen.render import render_header
+from convgrad.codegen.targets import Target
 from convgrad.compiler import (
     archive,
     compile_flags,
@@ -41,7 +42,7 @@ from convgrad.compiler import (
     compiler_identity,
     link_shared,
 )
-from convgrad.cpu import available_isas, selected_isa
+from convgrad.cpu import available_isas, host_family, selected_isa
 from convgrad.kernels import source_checkout
 from convgrad.onnx_layers import load_onnx
 from convgrad.reference import reference
@@ -152,7 +153,8 @@ def plans_from(records: list[dict], configs) -> dict[KernelConfig, dict]:
 
 
 def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
-          progress=None, tuned: dict[KernelConfig, dict] | None = None) -> BuildResult:
+          progress=None, tuned: dict[KernelConfig, dict] | None = None,
+          target: Target | None = None) -> BuildResult:
     """Renders, compiles and links the kernels of `layers` into `output`, each with
     its tuned plan where `tuned` has a record for it (else the planner's rules).
 
@@ -198,6 +200,8 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     (output / "convgrad.cmake").write_text(CMAKE_FRAGMENT)
     manifest = {
         "generator_version": generator_version(),
+        "target": target.to_dict() if target else None,
+        "machine": target.family if target else host_family(),
         "isa": isa,
         "cpu_features": sorted(ISA_FEATURES[isa]),
         "compiler": compiler_identity(),

@@ -28,6 +28,7 @@ from convgrad import aot, cache, kernels, tuning
 from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS
+from convgrad.codegen.targets import host, target
 from convgrad.cpu import available_isas
 
 
@@ -76,6 +77,11 @@ def _add_aot_parser(commands) -> None:
     parser.add_argument("--isa", default=None, choices=ISAS[::-1],
                         help="target ISA (default: the best this machine runs); the manifest "
                              "records the CPU features it needs")
+    parser.add_argument("--target", default=None,
+                        help="the CPU to build for, as archspec names it (x86_64_v3, zen3, zen4, "
+                             "sapphirerapids, aarch64, neoverse_n1, neoverse_v1, riscv64, ...): "
+                             "the best ISA path convgrad has for it, with archspec's compiler "
+                             "flags (give a cross compiler with --cc)")
     parser.add_argument("--cc", default=None,
                         help="C compiler (default: $CC, else cc), e.g. a cross compiler")
     parser.add_argument("--cflags", default=None,
@@ -120,6 +126,20 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         os.environ["CONVGRAD_CFLAGS"] = args.cflags
     output = args.output or aot.default_output()
     isa = args.isa or available_isas()[0]
+    named = None
+    if args.target:
+        try:
+            named = target(args.target)
+        except ValueError as error:
+            parser.error(str(error))
+        if args.isa and args.isa != named.isa:
+            parser.error(f"--isa {args.isa} contradicts --target {named.name} (its path is "
+                         f"{named.isa})")
+        isa = named.isa
+        os.environ["CONVGRAD_TARGET"] = named.name
+        if named.isa not in available_isas() and (args.check or args.tune):
+            parser.error(f"--check and --tune run kernels here; this machine cannot run "
+                         f"{named.name}'s {named.isa} path (see README: emulated tests)")
     try:
         layers = aot.read_layers(args.layers, ops=ops, dtype=args.dtype,
                                  data_format=args.data_format,
@@ -174,7 +194,7 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 progress.update(task, completed=done, total=total, item=name)
 
             result = aot.build(layers, output, isa=isa, jobs=args.jobs, progress=advance,
-                               tuned=tuned)
+                               tuned=tuned, target=named)
         configs, seconds = result.configs, result.compile_seconds
         out.print(_table(["kernel", "layers", "plan", "compile s"],
                          [[c.name, len(users), _plan_text(result.plans[c]),
@@ -289,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="convgrad", description="Specialized C kernels for the gradient ops of "
                                      "convolution: ahead-of-time builds and the kernel cache.")
     parser.add_argument("--version", action="version",
-                        version=f"convgrad {generator_version()}")
+                        version=f"convgrad {generator_version()} (this CPU: {host()}, "
+                                f"paths {', '.join(available_isas())})")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
     _add_aot_parser(commands)
     _add_tune_parser(commands)

@@ -9,7 +9,8 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
-from convgrad.codegen.plan import ISA_FLAGS
+from convgrad.codegen.plan import ISA_EXTRA_FLAGS, ISA_FLAGS
+from convgrad.codegen.targets import compiler_kind, target
 
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-fopenmp", "-fno-math-errno")
 # nodelete: a kernel library (and the OpenMP runtime it pulls in) is never unloaded.
@@ -37,10 +38,15 @@ SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
 
 
 def compile_flags(isa: str) -> tuple[str, ...]:
-    """Every flag a kernel is compiled and linked with (CONVGRAD_CFLAGS adds more)."""
+    """Every flag a kernel is compiled and linked with: the ISA path's, or with
+    CONVGRAD_TARGET (convgrad aot --target) that target's flags for this compiler plus
+    what the path needs on top; CONVGRAD_CFLAGS adds more."""
     extra = tuple(shlex.split(os.environ.get("CONVGRAD_CFLAGS", "")))
     sanitize = SANITIZE_FLAGS if os.environ.get("CONVGRAD_SANITIZE") == "1" else ()
-    return BASE_FLAGS + ISA_FLAGS[isa] + sanitize + extra + LINK_FLAGS
+    named = os.environ.get("CONVGRAD_TARGET", "").strip()
+    isa_flags = (target(named).flags(*compiler_kind(compiler_identity())) + ISA_EXTRA_FLAGS[isa]
+                 if named else ISA_FLAGS[isa])
+    return BASE_FLAGS + isa_flags + sanitize + extra + LINK_FLAGS
 
 
 @cache

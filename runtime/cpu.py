@@ -5,15 +5,20 @@ from __future__ import annotations
 import os
 import platform
 from functools import cache
+from pathlib import Path
 
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.plan import runnable_isas
+
+X86_ISAS = ("avx512bf16", "avx512", "avx2", "portable")
+AARCH64_ISAS = ("sve256", "neon", "portable")
 
 
 @cache
 def cpu_features() -> frozenset[str]:
     """Feature flags of this CPU as Linux names them (empty where unknown)."""
-    return frozenset(_cpuinfo().get("flags", "").split())
+    info = _cpuinfo()  # x86: "flags"; aarch64: "Features"
+    return frozenset((info.get("flags") or info.get("Features") or "").split())
 
 
 @cache
@@ -42,12 +47,30 @@ def cpu_model() -> str:
     return f"{name} ({', '.join(numbers)})" if numbers else name
 
 
+def host_family() -> str:
+    """This machine's architecture family as archspec names them (x86_64, aarch64, ...)."""
+    machine = platform.machine().lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def _sve_bits() -> int:
+    """This process's SVE vector length in bits (0 without SVE)."""
+    try:
+        return 8 * int(Path("/proc/sys/abi/sve_default_vector_length").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
 @cache
 def available_isas() -> tuple[str, ...]:
     """ISA paths this machine can run, best first ("portable" always)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return ("portable",)
-    return tuple(runnable_isas(cpu_features()))
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        return tuple(i for i in runnable_isas(cpu_features()) if i in X86_ISAS)
+    if machine in ("aarch64", "arm64"):
+        found = [i for i in runnable_isas(cpu_features()) if i in AARCH64_ISAS]
+        return tuple(i for i in found if i != "sve256" or _sve_bits() == 256)
+    return ("portable",)
 
 
 def selected_isa() -> str:

@@ -18,7 +18,7 @@ from convgrad.codegen import KernelConfig, generator_version
 from convgrad.codegen.plan import check_plan, kernel_name, plan_key
 from convgrad.codegen.render import render_dims_declaration
 from convgrad.compiler import CompilerNotFoundError
-from convgrad.cpu import available_isas, cpu_features
+from convgrad.cpu import available_isas, cpu_features, host_family
 
 log = logging.getLogger("convgrad")
 
@@ -97,6 +97,11 @@ def _read_manifests() -> dict[KernelConfig, tuple[Path, str, dict]]:
             if data.get("generator_version") != generator_version():
                 log.warning("ignoring %s: built by convgrad %s, this is %s", manifest,
                             data.get("generator_version"), generator_version())
+                continue
+            if data.get("machine", host_family()) != host_family():
+                _refused.append(f"{folder} was built for {data['machine']}, not this "
+                                f"{host_family()} machine")
+                log.warning("ignoring AOT kernels: %s", _refused[-1])
                 continue
             if data.get("isa") not in available_isas():
                 missing = sorted(set(data.get("cpu_features", [])) - cpu_features())

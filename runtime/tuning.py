@@ -40,6 +40,7 @@ from filelock import FileLock
 from convgrad import cache, kernels
 from convgrad.codegen import KernelConfig, Problem, generator_version
 from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name, plan_key
+from convgrad.codegen.targets import host
 from convgrad.cpu import cpu_model
 from convgrad.threads import get_num_threads
 
@@ -79,8 +80,9 @@ def sizes_of(problem: Problem) -> dict:
 
 
 def machine() -> dict:
-    """What a record was measured on: CPU model, its features, and the kernel's ISA."""
-    return {"cpu": cpu_model(), "system": platform.machine()}
+    """What a record was measured on: the CPU model (with family, model, stepping) and
+    its microarchitecture as archspec names it."""
+    return {"cpu": cpu_model(), "target": host(), "system": platform.machine()}
 
 
 def _matches(record: dict, config: KernelConfig, sizes: dict, threads: int) -> bool:

@@ -1,0 +1,254 @@
+"""Kernels built for other CPUs with a cross compiler, run under qemu's user-mode
+emulation by a small C driver and compared with the numpy reference bit for bit on
+integer data: aarch64's NEON path (Neoverse N1), its 256-bit SVE path (Neoverse V1,
+under `qemu-aarch64 -cpu max,sve256=on`) and the portable path on riscv64. Also the C
+example, built ahead of time for aarch64. This checks correctness only: emulation says
+nothing about speed.
+
+CI installs gcc-aarch64-linux-gnu, gcc-riscv64-linux-gnu and qemu-user, so these tests
+never skip there. A modest sample runs by default, more with CONVGRAD_SLOW_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cases import DTYPES, make_case
+
+from convgrad.codegen import KernelConfig, render
+from convgrad.codegen.ops import resolve
+from convgrad.codegen.render import render_header
+from convgrad.codegen.targets import target
+from convgrad.compiler import BASE_FLAGS
+from convgrad.reference import OP_KINDS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TARGETS = {
+    "neoverse_n1": dict(cc="aarch64-linux-gnu-gcc",
+                        qemu=["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]),
+    "neoverse_v1": dict(cc="aarch64-linux-gnu-gcc",
+                        qemu=["qemu-aarch64", "-cpu", "max,sve256=on", "-L",
+                              "/usr/aarch64-linux-gnu"]),
+    "riscv64": dict(cc="riscv64-linux-gnu-gcc",
+                    qemu=["qemu-riscv64", "-L", "/usr/riscv64-linux-gnu"]),
+}
+
+DRIVER = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "kernels.h"
+
+typedef int (*kernel_fn)(const void *, const void *, void *, const convgrad_dims *, void *);
+static const kernel_fn KERNELS[] = {%s};
+
+/* argv[1]: a case (15 int64: kernel, batch, src[3], dst[3], pads[3], threads, bytes of
+ * a, b and out; then a and b); argv[2]: the status (int32) and the result. */
+int main(int argc, char **argv)
+{
+    int64_t h[15];
+    FILE *in = argc == 3 ? fopen(argv[1], "rb") : NULL;
+    if (!in || fread(h, sizeof h[0], 15, in) != 15)
+        return 2;
+    char *a = malloc((size_t)h[12] + 1), *b = malloc((size_t)h[13] + 1);
+    char *out = malloc((size_t)h[14] + 1);
+    if (!a || !b || !out || fread(a, 1, (size_t)h[12], in) != (size_t)h[12]
+        || fread(b, 1, (size_t)h[13], in) != (size_t)h[13])
+        return 3;
+    fclose(in);
+    convgrad_dims dims = {.batch = h[1], .src = {h[2], h[3], h[4]}, .dst = {h[5], h[6], h[7]},
+                          .pads_begin = {h[8], h[9], h[10]}, .num_threads = (int32_t)h[11]};
+    int32_t status = KERNELS[h[0]](a, b, out, &dims, NULL);
+    FILE *result = fopen(argv[2], "wb");
+    fwrite(&status, sizeof status, 1, result);
+    fwrite(out, 1, (size_t)h[14], result);
+    fclose(result);
+    return 0;
+}
+"""
+
+
+def _tools(name: str) -> dict:
+    tools = TARGETS[name]
+    missing = [t for t in (tools["cc"], tools["qemu"][0]) if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (apt-get install gcc-aarch64-linux-gnu "
+                    "gcc-riscv64-linux-gnu qemu-user)")
+    return tools
+
+
+def _random_cases(count: int, seed: int) -> list:
+    """Integer-valued problems of every op, dtype, layout and rank, small and varied."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    while len(cases) < count:
+        rank = int(rng.integers(1, 4))
+        op = OP_KINDS[len(cases) % len(OP_KINDS)]
+        groups = int(rng.choice([1, 1, 2, 3]))
+        channels = groups * int(rng.integers(1, 6)), groups * int(rng.integers(1, 24))
+        if rng.random() < 0.2:  # depthwise
+            channels = groups = int(rng.integers(2, 20))
+            channels = (channels, channels)
+        attrs = dict(strides=rng.integers(1, 3, rank).tolist(),
+                     dilations=rng.integers(1, 3, rank).tolist(),
+                     pads_begin=rng.integers(0, 2, rank).tolist(),
+                     pads_end=rng.integers(0, 2, rank).tolist())
+        try:
+            case = make_case(op, spatial=tuple(rng.integers(3, 9, rank).tolist()),
+                             kernel=tuple(rng.integers(1, 4, rank).tolist()), groups=groups,
+                             in_channels=channels[0], out_channels=channels[1],
+                             batch=int(rng.integers(1, 3)), attrs=attrs,
+                             data_format=str(rng.choice(["NXC", "NCX"])),
+                             dtype=str(rng.choice(list(DTYPES))), seed=len(cases))
+            case.expected(np.float32)
+        except ValueError:
+            continue  # a geometry the op rejects
+        cases.append(case)
+    return cases
+
+
+def _problem(case):
+    a, b = case.inputs[:2]
+    shape = case.inputs[2].tolist() if len(case.inputs) > 2 else None
+    dtype = {np.dtype(v).name: k for k, v in DTYPES.items()}[np.dtype(a.dtype).name]
+    return resolve(case.op, [a.shape, b.shape], case.attrs, shape, dtype)
+
+
+def _build(configs: list[KernelConfig], folder: Path, name: str, cc: str) -> Path:
+    """The kernels and the driver, cross-compiled for target `name`."""
+    names = [c.name for c in configs]
+    (folder / "kernels.h").write_text(render_header(names))
+    (folder / "driver.c").write_text(DRIVER % ", ".join(names))
+    flags = [*BASE_FLAGS, *target(name).flags("gcc", "12.2"),
+             *({"neoverse_v1": ["-msve-vector-bits=256"]}.get(name, []))]
+
+    def compile_one(config: KernelConfig) -> Path:
+        source = folder / f"{config.name}.c"
+        source.write_text(render(config))
+        obj = source.with_suffix(".o")
+        run = subprocess.run([cc, *flags, "-c", "-o", str(obj), str(source)],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return obj
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        objects = list(pool.map(compile_one, configs))
+    program = folder / "driver"
+    run = subprocess.run([cc, *flags, f"-I{folder}", "-o", str(program), str(folder / "driver.c"),
+                          *map(str, objects)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return program
+
+
+def _run_cases(name: str, count: int, seed: int, tmp_path: Path) -> None:
+    tools = _tools(name)
+    isa = target(name).isa
+    cases = _random_cases(count, seed)
+    problems = [_problem(case) for case in cases]
+    configs = list(dict.fromkeys(p.config.with_isa(isa) for p in problems))
+    assert {c.isa for c in configs} == {isa}
+    program = _build(configs, tmp_path, name, tools["cc"])
+    for index, (case, problem) in enumerate(zip(cases, problems, strict=True)):
+        a, b = case.inputs[:2]
+        first, second = (b, a) if problem.swap_inputs else (a, b)
+        expected = case.expected(a.dtype)
+        rank = problem.config.rank
+        pad3 = [1] * (3 - rank)
+        header = [configs.index(problem.config.with_isa(isa)), problem.batch,
+                  *problem.src_spatial, *pad3, *problem.dst_spatial, *pad3,
+                  *problem.pads_begin, *[0] * (3 - rank), 2,
+                  first.nbytes, second.nbytes, expected.nbytes]
+        # spatial sizes of absent leading axes are 1 and sit after the given ones here:
+        # the kernel reads only the first RANK entries of each array
+        case_file, result_file = tmp_path / f"case{index}.bin", tmp_path / f"out{index}.bin"
+        case_file.write_bytes(struct.pack("<15q", *header) + first.tobytes() + second.tobytes())
+        run = subprocess.run([*tools["qemu"], str(program), str(case_file), str(result_file)],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        data = result_file.read_bytes()
+        assert struct.unpack("<i", data[:4])[0] == 0
+        result = np.frombuffer(data[4:], dtype=expected.dtype).reshape(expected.shape)
+        view = np.uint16 if expected.dtype.itemsize == 2 else np.uint32
+        np.testing.assert_array_equal(result.view(view), expected.view(view),
+                                      err_msg=f"{name}: {case.op} {problem.config.name}")
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_random_kernels_under_emulation(name, tmp_path):
+    _run_cases(name, 8, seed=sorted(TARGETS).index(name), tmp_path=tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_many_random_kernels_under_emulation(name, tmp_path):
+    _run_cases(name, 48, seed=100 + sorted(TARGETS).index(name), tmp_path=tmp_path)
+
+
+def test_c_example_for_aarch64_under_emulation(tmp_path):
+    """The C example, built ahead of time for a Neoverse N1 with the cross compiler,
+    prints under qemu what it prints built natively."""
+    tools = _tools("neoverse_n1")
+    env = {**os.environ, "CONVGRAD_CACHE_DIR": str(tmp_path / "cache"), "CONVGRAD_AOT_PATH": ""}
+    outputs = []
+    for label, extra, cc in (("aarch64", ["--target", "neoverse_n1", "--cc", tools["cc"]],
+                              tools["cc"]), ("native", [], os.environ.get("CC", "cc"))):
+        aot = tmp_path / label
+        build = subprocess.run(["convgrad", "aot", str(ROOT / "examples/c_api/layers.json"),
+                                "-o", str(aot), *extra], env=env, capture_output=True,
+                               text=True, timeout=600)
+        assert build.returncode == 0, build.stderr[-3000:]
+        program = tmp_path / f"example_{label}"
+        make = subprocess.run(["make", "-s", "-C", str(ROOT / "examples/c_api"), f"AOT={aot}",
+                               f"PROGRAM={program}", f"CC={cc}"], capture_output=True,
+                              text=True)
+        assert make.returncode == 0, make.stderr[-3000:]
+        runner = tools["qemu"] if label == "aarch64" else []
+        run = subprocess.run([*runner, str(program)], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        outputs.append(run.stdout)
+    manifest = (tmp_path / "aarch64" / "manifest.json").read_text()
+    assert '"neoverse_n1"' in manifest and '"isa": "neon"' in manifest
+    assert '"machine": "aarch64"' in manifest
+    assert outputs[0] == outputs[1] and outputs[0].count("\n") > 100
+    # this machine's runtime refuses the aarch64 folder (and says why), never loads it
+    script = ("import numpy as np, convgrad\n"
+              "convgrad.convolution_backward_data(np.ones((1, 6, 5, 8), np.float32), "
+              "np.ones((3, 3, 4, 8), np.float32), strides=2, pads_begin=1, pads_end=1)")
+    refused = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env={**env, "CONVGRAD_AOT_PATH": str(tmp_path / "aarch64"),
+                                  "CC": "/nonexistent/cc",
+                                  "CONVGRAD_CACHE_DIR": str(tmp_path / "empty")})
+    assert refused.returncode != 0 and "built for aarch64" in refused.stderr
+
+
+def test_targets_map_to_paths_and_flags():
+    """archspec's names: the best path convgrad has for each, and archspec's flags."""
+    assert [target(n).isa for n in ("x86_64_v3", "zen3", "icelake", "zen4", "sapphirerapids",
+                                    "aarch64", "neoverse_n1", "neoverse_v1", "riscv64")] == [
+        "avx2", "avx2", "avx512", "avx512bf16", "avx512bf16", "neon", "neon", "sve256",
+        "portable"]
+    assert target("neoverse_n1").flags("gcc", "12.2.0") == ("-mcpu=neoverse-n1",)
+    assert "-march=znver3" in target("zen4").flags("gcc", "12.2.0")  # GCC 12: no znver4
+    with pytest.raises(ValueError, match="neoverse_n1"):
+        target("neoverse-n1x")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--target", "nehalem2"], "unknown target"),
+    (["--target", "zen3", "--isa", "avx512"], "contradicts"),
+    (["--target", "neoverse_n1", "--check"], "cannot run"),
+])
+def test_aot_target_errors(args, message, tmp_path):
+    run = subprocess.run(["convgrad", "aot", "-o", str(tmp_path), *args], capture_output=True,
+                         text=True)
+    assert run.returncode == 2 and message in run.stderr
