@@ -35,6 +35,7 @@ from convgrad.torch.modules import (  # noqa: E402
     convert,
 )
 from convgrad.torch.ops import (  # noqa: E402
+    OPS,
     conv_transpose_backward_data,
     conv_transpose_backward_weights,
     convolution_backprop_data,
@@ -44,6 +45,7 @@ from convgrad.torch.ops import (  # noqa: E402
 )
 
 __all__ = [
+    "OPS",
     "ConversionReport",
     "Conv1d",
     "Conv2d",

@@ -68,16 +68,28 @@ def _dense_nxc(t: torch.Tensor) -> bool:
     return t.permute(_to_last(t.dim())).is_contiguous()
 
 
+def _strides_fall(t: torch.Tensor, order: Sequence[int]) -> bool:
+    strides = [t.stride(i) for i in order]
+    return all(a >= b for a, b in zip(strides, strides[1:], strict=False))
+
+
+def _made_channels_last(t: torch.Tensor) -> bool:
+    """Whether t's strides say channels_last even where sizes of 1 make both layouts
+    dense (torch gives a one-channel channels_last tensor channel stride 1)."""
+    return _strides_fall(t, _to_last(t.dim())) and not _strides_fall(t, range(t.dim()))
+
+
 def data_format(t: torch.Tensor, hint: torch.Tensor | None = None) -> str:
     """The kernel layout that reads `t` in place: "NCX" (contiguous) or "NXC"
-    (channels_last). A tensor that is both (one channel, or one pixel) follows `hint`
-    (channels_last weights, or another data tensor). Any other layout is copied to the
-    layout its channel stride suggests."""
+    (channels_last). A tensor dense in both (one channel, or one pixel) is NXC when
+    its strides are channels_last's, or else when `hint`'s are (channels_last
+    weights, or another data tensor), so that a channels_last model stays so. Any
+    other layout is copied to the layout its channel stride suggests."""
     ncx, nxc = t.is_contiguous(), _dense_nxc(t)
     if ncx and nxc:
-        if hint is None:
-            return "NCX"
-        if hint.dim() >= 3 and _dense_nxc(hint) and not hint.is_contiguous():
+        if _made_channels_last(t):
+            return "NXC"
+        if hint is not None and hint.dim() >= 3 and _made_channels_last(hint):
             return "NXC"
         return "NCX"
     if ncx:

@@ -22,8 +22,13 @@ from convgrad.torch import functional as cgF
 def _conv_forward(module: nn.modules.conv._ConvNd, rank: int, input: torch.Tensor,
                   weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if module.padding_mode != "zeros":
+        channels_last = input.dim() == rank + 2 and _bridge.data_format(input) == "NXC"
         input = F.pad(input, module._reversed_padding_repeated_twice,
                       mode=module.padding_mode)
+        if channels_last and _bridge.data_format(input) != "NXC":
+            # F.pad's circular mode (and any mode in 1-D) returns a contiguous tensor:
+            # keep the model's layout, as the convolutions' results do
+            input = input.movedim(1, -1).contiguous().movedim(-1, 1)
         padding = 0
     else:
         padding = module.padding
