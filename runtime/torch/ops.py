@@ -82,21 +82,50 @@ def _is_concrete(*values) -> bool:
     return all(type(v) is int for group in values for v in group)
 
 
+# Result shapes by (op, shapes, attributes): convgrad.infer_shape validates everything,
+# which costs more than a small kernel; a training loop repeats the same calls.
+_shapes: dict = {}
+MAX_SHAPES = 4096
+
+
 def _result_shape(spec: _Spec, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_begin,
                   pads_end, dilations, groups, output_padding=None) -> list:
     """The result shape in torch order. With concrete sizes it is convgrad.infer_shape's
     (which validates everything, with its messages); with symbolic sizes (dynamic
     shapes in torch.compile) the same rules as plain arithmetic."""
     if _is_concrete(a.shape, b.shape, shape or (), pads_begin, pads_end):
-        attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
-                 "pads_end": list(pads_end), "dilations": list(dilations), "groups": groups,
-                 "data_format": "NCX", spec.weights_attr: spec.weights_format}
-        if output_padding is not None:
-            attrs["output_padding"] = list(output_padding)
-        inputs = [tuple(a.shape), tuple(b.shape)]
-        if shape is not None:
-            inputs.append(list(shape))
-        return list(convgrad.infer_shape(spec.kind, inputs, attrs))
+        key = (spec.name, tuple(a.shape), tuple(b.shape),
+               None if shape is None else tuple(shape), tuple(strides), tuple(pads_begin),
+               tuple(pads_end), tuple(dilations), groups,
+               None if output_padding is None else tuple(output_padding))
+        result = _shapes.get(key)
+        if result is None:
+            result = _infer_shape(spec, a, b, shape, strides, pads_begin, pads_end,
+                                  dilations, groups, output_padding)
+            if len(_shapes) >= MAX_SHAPES:
+                _shapes.clear()
+            _shapes[key] = result
+        return list(result)
+    return _symbolic_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                           groups, output_padding)
+
+
+def _infer_shape(spec: _Spec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                 groups, output_padding) -> tuple:
+    attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
+             "pads_end": list(pads_end), "dilations": list(dilations), "groups": groups,
+             "data_format": "NCX", spec.weights_attr: spec.weights_format}
+    if output_padding is not None:
+        attrs["output_padding"] = list(output_padding)
+    inputs = [tuple(a.shape), tuple(b.shape)]
+    if shape is not None:
+        inputs.append(list(shape))
+    return tuple(convgrad.infer_shape(spec.kind, inputs, attrs))
+
+
+def _symbolic_shape(spec: _Spec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                    groups, output_padding) -> list:
+    """SEMANTICS.md's shape rules (explicit pads) as arithmetic that SymInts follow."""
     if spec.family == "data":  # a: (N, OC, X...), b: (OC, IC/g, k...)
         if shape is not None:
             spatial = list(shape)[-(a.dim() - 2):]
