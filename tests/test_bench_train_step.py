@@ -28,7 +28,8 @@ def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
     assert status == 0
     printed = capsys.readouterr().out
     assert "torch.nn ms" in printed and "convgrad ms" in printed
-    (row,) = list(csv.DictReader((tmp_path / "results.csv").open()))
+    with (tmp_path / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
     assert row["dtype"] == "f32" and row["memory_format"] == "channels_last"
     assert float(row["torch_ms"]) > 0 and float(row["convgrad_ms"]) > 0
     assert int(row["convgrad_steps"]) >= 3

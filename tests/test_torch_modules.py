@@ -299,9 +299,10 @@ def test_converted_model_under_torch_compile_traces_convgrad_ops():
         def compiler(graph, example_inputs):
             graphs[kind] = {str(node.target) for node in graph.graph.nodes
                             if node.op == "call_function"}
-            return graph.forward
+            return make_boxed_func(graph.forward)
         return compiler
 
+    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
     backend = aot_autograd(fw_compiler=recorder("forward"), bw_compiler=recorder("backward"))
