@@ -10,6 +10,7 @@ compile are reused there.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -323,3 +324,45 @@ def test_convgrad_imports_without_torch_and_convgrad_torch_names_the_extra():
     plain = subprocess.run([sys.executable, "-c", "import sys, convgrad; "
                             "print('torch' in sys.modules)"], capture_output=True, text=True)
     assert plain.stdout.strip() == "False", plain.stderr
+
+
+def test_fake_shape_rules_agree_with_infer_shape():
+    """The fake implementations' arithmetic (used for symbolic sizes under
+    torch.compile's dynamic shapes) gives convgrad.infer_shape's shapes wherever that
+    accepts the call. No kernel runs."""
+    from convgrad.torch import ops as ops_module
+
+    checked = 0
+    for spec in ops_module._SPECS.values():
+        for (y, k, s, d, pb, pe, op), groups in itertools.product(
+                itertools.product([5, 8], [1, 3], [1, 2], [1, 2], [0, 2], [0, 1], [0, 1]),
+                [1, 2]):
+            a_channels, b_shape = 4, None
+            if spec.family == "fwd":  # a: (N, OC, Y); b: (IC, OC/g, k)
+                b_shape = (6, a_channels // groups, k)
+            elif spec.family == "data":  # a: (N, OC, X); b: (OC, IC/g, k)
+                b_shape = (a_channels, 6 // groups, k)
+            a = torch.empty(2, a_channels, y, device="meta")
+            variants = [None] if spec.family == "fwd" else [None, [y + 1], [y - 1]]
+            for shape in variants:
+                if spec.family == "weights":
+                    shape = [k]
+                    x = (y + pb + pe - (d * (k - 1) + 1)) // s + 1
+                    if x < 1:
+                        continue
+                    b = torch.empty(2, 6, x, device="meta")
+                    if spec.kind == "ConvTransposeBackwardWeights":
+                        a, b = torch.empty(2, 6, x, device="meta"), \
+                            torch.empty(2, a_channels, y, device="meta")
+                else:
+                    b = torch.empty(b_shape, device="meta")
+                args = (shape, [s], [pb], [pe], [d], groups,
+                        [op] if spec.family == "data" else None)
+                try:
+                    want = ops_module._infer_shape(spec, a, b, *args)
+                except ValueError:
+                    continue
+                assert list(want) == ops_module._symbolic_shape(spec, a, b, *args), \
+                    (spec.kind, tuple(a.shape), tuple(b.shape), args)
+                checked += 1
+    assert checked > 500
