@@ -6,8 +6,9 @@ float32 cases use small integers, so every sum is exact and results must equal
 torch.nn's bit for bit. bfloat16 cases use real values; each result and gradient is
 compared with a float64 computation from the same bf16 inputs, within the error of
 f32 sums rounded to bf16: |got - exact| <= 2^-7 * (the same computation on absolute
-values), which allows a rounding of the convolution and one of the bias addition.
-torch.nn's own bf16 results are held to the same bound.
+values), which allows a rounding of the convolution and one of the bias addition
+(2^-10 for f16 in the slow sweep). torch.nn's own results are held to the same
+bound (f16: 4 x, see check_module).
 
 Each geometry (channels, groups, kernel, strides, dilations) is tested as a convolution
 and as the transposed convolution that runs the same three kernels, and its variants
@@ -176,7 +177,11 @@ def check_module(rank, factory, dtype_name, channels_last, seed=0):
         assert o.dtype == dtype and o.shape == w.shape, name
         error = (o.double() - w).abs()
         assert torch.all(error <= b), f"{name}: worst {(error / b).max():.2f} x the bound"
-        assert torch.all((t.double() - w).abs() <= b), f"torch.nn's {name} beyond the bound"
+        # torch.nn's CPU f16 transposed convolution errs up to 1.44 x the bound (it
+        # rounds to f16 before the end): its f16 results are held to 4 x the bound.
+        slack = 4 if dtype == torch.float16 else 1
+        assert torch.all((t.double() - w).abs() <= slack * b), \
+            f"torch.nn's {name} beyond the bound"
 
 
 @pytest.mark.parametrize("rank, geometry, label, dtype, channels_last",
