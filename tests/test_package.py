@@ -49,6 +49,7 @@ def test_plain_install_has_one_package_and_runs_the_main_job(tmp_path):
     assert "convgrad" in installed
     assert not {"runtime", "codegen", "templates", "tests"} & installed, sorted(installed)
     assert (site / "convgrad" / "reference.py").is_file()
+    assert (site / "convgrad" / "torch" / "ops.py").is_file()  # convgrad.torch
     assert list((site / "convgrad" / "templates").glob("*.j2"))
 
     work = tmp_path / "work"  # not the source tree: only the installed package is found

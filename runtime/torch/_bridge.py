@@ -1,0 +1,148 @@
+"""Tensors to kernel arrays and back: validation, memory layouts, views without copies.
+
+A torch data tensor is logically (N, C, spatial...). In memory it is either that
+(contiguous: the kernels' NCX) or (N, spatial..., C) (channels_last: the kernels' NXC,
+reached by permuting the tensor, which gives a C-contiguous view). Weights are torch's
+(O, I/g, k...) = OIX (IOX for ConvTranspose), contiguous. numpy views share the
+tensors' memory; bfloat16 goes through an int16 view, since numpy has no bfloat16 of
+its own and `Tensor.numpy()` refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from convgrad import threads
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_DTYPE_NAMES = "torch.float32, torch.float16 or torch.bfloat16"
+
+
+def check_tensor(op: str, name: str, value, *, fake: bool = False) -> torch.Tensor:
+    """A strided CPU tensor of a kernel dtype, else a TypeError/ValueError naming it.
+    Fake (tracing) tensors may also live on the meta device."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{op}: {name} is a {type(value).__name__}; expected a torch.Tensor")
+    if value.layout != torch.strided:
+        raise TypeError(f"{op}: {name} has layout {value.layout}; expected a dense "
+                        "(torch.strided) tensor")
+    if value.dtype not in DTYPES:
+        raise TypeError(f"{op}: {name} has dtype {value.dtype}; expected {_DTYPE_NAMES}")
+    if value.device.type != "cpu" and not (fake and value.device.type == "meta"):
+        raise ValueError(f"{op}: {name} is on device {value.device}; convgrad's kernels run "
+                         "on CPU tensors only (move it with .cpu())")
+    return value
+
+
+def check_pair(op: str, names: tuple[str, str], a: torch.Tensor, b: torch.Tensor,
+               *, fake: bool = False) -> None:
+    """Both tensors valid, of one dtype, each of rank 3 to 5 and of the same rank."""
+    check_tensor(op, names[0], a, fake=fake)
+    check_tensor(op, names[1], b, fake=fake)
+    if a.dtype != b.dtype:
+        raise TypeError(f"{op}: {names[0]} is {a.dtype} but {names[1]} is {b.dtype}; "
+                        "expected one dtype")
+    if a.dim() not in (3, 4, 5):
+        raise ValueError(f"{op}: {names[0]} has {a.dim()} dimensions; expected 3, 4 or 5 "
+                         "(N, C and 1 to 3 spatial axes)")
+    if b.dim() != a.dim():
+        raise ValueError(f"{op}: {names[1]} has {b.dim()} dimensions; expected {a.dim()}, "
+                         f"as {names[0]} has")
+
+
+def _to_last(rank: int) -> tuple[int, ...]:
+    """Permutation of (N, C, spatial...) to (N, spatial..., C)."""
+    return (0, *range(2, rank), 1)
+
+
+def _to_first(rank: int) -> tuple[int, ...]:
+    """Permutation of (N, spatial..., C) back to (N, C, spatial...)."""
+    return (0, rank - 1, *range(1, rank - 1))
+
+
+def _dense_nxc(t: torch.Tensor) -> bool:
+    return t.permute(_to_last(t.dim())).is_contiguous()
+
+
+def _strides_fall(t: torch.Tensor, order: Sequence[int]) -> bool:
+    strides = [t.stride(i) for i in order]
+    return all(a >= b for a, b in zip(strides, strides[1:], strict=False))
+
+
+def _made_channels_last(t: torch.Tensor) -> bool:
+    """Whether t's strides say channels_last even where sizes of 1 make both layouts
+    dense (torch gives a one-channel channels_last tensor channel stride 1)."""
+    return _strides_fall(t, _to_last(t.dim())) and not _strides_fall(t, range(t.dim()))
+
+
+def data_format(t: torch.Tensor, hint: torch.Tensor | None = None) -> str:
+    """The kernel layout that reads `t` in place: "NCX" (contiguous) or "NXC"
+    (channels_last). A tensor dense in both (one channel, or one pixel) is NXC when
+    its strides are channels_last's, or else when `hint`'s are (channels_last
+    weights, or another data tensor), so that a channels_last model stays so. Any
+    other layout is copied to the layout its channel stride suggests."""
+    ncx, nxc = t.is_contiguous(), _dense_nxc(t)
+    if ncx and nxc:
+        if _made_channels_last(t):
+            return "NXC"
+        if hint is not None and hint.dim() >= 3 and _made_channels_last(hint):
+            return "NXC"
+        return "NCX"
+    if ncx:
+        return "NCX"
+    if nxc:
+        return "NXC"
+    return "NXC" if t.stride(1) == 1 and t.size(1) > 1 else "NCX"
+
+
+def as_array(t: torch.Tensor, fmt: str) -> np.ndarray:
+    """A numpy array of `t` in kernel layout `fmt`, sharing memory unless `t` has
+    another layout (then a contiguous copy is made first)."""
+    t = t.detach()
+    if fmt == "NXC":
+        t = t.permute(_to_last(t.dim()))
+    t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def weights_array(t: torch.Tensor) -> np.ndarray:
+    """Weights as an OIX (IOX) array: the tensor itself when contiguous."""
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def new_data(shape: Sequence[int], fmt: str, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised (N, C, spatial...) tensor whose memory is in layout `fmt`."""
+    if fmt == "NXC":
+        rank = len(shape)
+        stored = torch.empty([shape[i] for i in _to_last(rank)], dtype=like.dtype,
+                             device=like.device)
+        return stored.permute(_to_first(rank))
+    return torch.empty(list(shape), dtype=like.dtype, device=like.device)
+
+
+def new_weights(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(list(shape), dtype=like.dtype, device=like.device)
+
+
+def out_array(t: torch.Tensor, fmt: str | None) -> np.ndarray:
+    """The numpy view a kernel writes `t` (made by new_data/new_weights) through."""
+    array = as_array(t, fmt) if fmt is not None else weights_array(t)
+    if array.size and array.__array_interface__["data"][0] != t.data_ptr():
+        raise AssertionError("convgrad.torch: a result view does not share the tensor's "
+                             "memory")  # a bug here, never the caller's
+    return array
+
+
+def num_threads() -> int:
+    """Threads of a kernel call: convgrad.set_num_threads if it was called, else
+    PyTorch's intra-op thread count (torch.set_num_threads governs both libraries)."""
+    return threads._default or torch.get_num_threads()

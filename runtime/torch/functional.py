@@ -1,0 +1,186 @@
+"""`torch.nn.functional`'s convolutions, computed by convgrad's kernels.
+
+`conv1d/2d/3d` and `conv_transpose1d/2d/3d` take the arguments of their
+torch.nn.functional namesakes, in the same order, and are differentiable in input
+and weight (bias is added by torch, so its gradient is torch's sum). Every convolution
+(forward, data gradient, weight gradient) runs a convgrad op:
+
+- convolution: forward = ConvTransposeBackwardData (torch's weight read as IOX), data
+  gradient = ConvolutionBackwardData, weight gradient = ConvolutionBackwardWeights;
+- transposed convolution: forward = ConvolutionBackwardData (torch's ConvTranspose
+  weight read as OIX), data gradient = ConvTransposeBackwardData, weight gradient =
+  ConvolutionBackwardWeights with the data tensors' roles swapped.
+
+One extension: `padding` of the convolutions may also be a sequence of (begin, end)
+pairs, one per spatial axis (asymmetric pads, which torch expresses only with F.pad).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from convgrad.torch import _bridge
+from convgrad.torch.ops import OPS
+
+Padding = int | Sequence[int] | Sequence[Sequence[int]] | str
+
+
+def _tuple(op: str, name: str, value, rank: int, minimum: int) -> list[int]:
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        values = list(value)
+        if len(values) != rank:
+            raise ValueError(f"{op}: {name} = {value!r} is invalid; expected {rank} values")
+    else:
+        values = [value] * rank
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{op}: {name} = {value!r} is invalid; expected integers")
+        if v < minimum:
+            raise ValueError(f"{op}: {name} = {value!r} is invalid; expected values of at "
+                             f"least {minimum}")
+    return values
+
+
+def _inputs(op: str, rank: int, input, weight, bias) -> bool:
+    """Validates the tensors; returns whether input is unbatched (C, spatial...)."""
+    _bridge.check_tensor(op, "input", input)
+    _bridge.check_tensor(op, "weight", weight)
+    if input.dim() not in (rank + 1, rank + 2):
+        raise ValueError(f"{op}: input has shape {tuple(input.shape)}; expected "
+                         f"{rank + 2} dimensions (N, C, {rank} spatial) or {rank + 1} "
+                         "(unbatched)")
+    if weight.dim() != rank + 2:
+        raise ValueError(f"{op}: weight has shape {tuple(weight.shape)}; expected "
+                         f"{rank + 2} dimensions")
+    if weight.dtype != input.dtype:
+        raise TypeError(f"{op}: weight is {weight.dtype} but input is {input.dtype}; "
+                        "expected one dtype")
+    if bias is not None:
+        _bridge.check_tensor(op, "bias", bias)
+        if bias.dtype != input.dtype:
+            raise TypeError(f"{op}: bias is {bias.dtype} but input is {input.dtype}; "
+                            "expected one dtype")
+        if bias.dim() != 1:
+            raise ValueError(f"{op}: bias has shape {tuple(bias.shape)}; expected one "
+                             "value per output channel")
+    return input.dim() == rank + 1
+
+
+def _add_bias(y: torch.Tensor, bias: torch.Tensor | None, op: str) -> torch.Tensor:
+    if bias is None:
+        return y
+    if bias.shape[0] != y.shape[1]:
+        raise ValueError(f"{op}: bias has {bias.shape[0]} values; expected {y.shape[1]}, one "
+                         "per output channel")
+    return y + bias.view(1, -1, *[1] * (y.dim() - 2))
+
+
+def _pads(op: str, padding, rank: int, kernel: Sequence[int], strides: Sequence[int],
+          dilations: Sequence[int]) -> tuple[list, list]:
+    """(pads_begin, pads_end) of torch's padding argument (or of (begin, end) pairs)."""
+    if isinstance(padding, str):
+        if padding == "valid":
+            return [0] * rank, [0] * rank
+        if padding == "same":
+            if any(s != 1 for s in strides):
+                raise ValueError(f"{op}: padding='same' is invalid with strides {strides}; "
+                                 "torch allows it only for stride 1")
+            # torch: total = d * (k - 1), the odd one at the end
+            totals = [d * (k - 1) for k, d in zip(kernel, dilations, strict=True)]
+            return [t // 2 for t in totals], [t - t // 2 for t in totals]
+        raise ValueError(f"{op}: padding = {padding!r} is invalid; expected 'valid', 'same', "
+                         "an integer or a sequence of them")
+    if isinstance(padding, Sequence) and any(isinstance(p, Sequence) for p in padding):
+        if len(padding) != rank or not all(isinstance(p, Sequence) and len(p) == 2
+                                           for p in padding):
+            raise ValueError(f"{op}: padding = {padding!r} is invalid; expected {rank} "
+                             "(begin, end) pairs")
+        begin = _tuple(op, "padding", [p[0] for p in padding], rank, 0)
+        end = _tuple(op, "padding", [p[1] for p in padding], rank, 0)
+        return begin, end
+    pads = _tuple(op, "padding", padding, rank, 0)
+    return pads, list(pads)
+
+
+def _conv(rank: int, input, weight, bias, stride, padding, dilation, groups) -> torch.Tensor:
+    op = f"conv{rank}d"
+    unbatched = _inputs(op, rank, input, weight, bias)
+    strides = _tuple(op, "stride", stride, rank, 1)
+    dilations = _tuple(op, "dilation", dilation, rank, 1)
+    pads_begin, pads_end = _pads(op, padding, rank, weight.shape[2:], strides, dilations)
+    x = input.unsqueeze(0) if unbatched else input
+    y = OPS["conv_transpose_backward_data"](x, weight, strides, pads_begin, pads_end,
+                                            dilations, groups)
+    y = _add_bias(y, bias, op)
+    return y.squeeze(0) if unbatched else y
+
+
+def _conv_transpose(rank: int, input, weight, bias, stride, padding, output_padding, groups,
+                    dilation) -> torch.Tensor:
+    op = f"conv_transpose{rank}d"
+    unbatched = _inputs(op, rank, input, weight, bias)
+    strides = _tuple(op, "stride", stride, rank, 1)
+    dilations = _tuple(op, "dilation", dilation, rank, 1)
+    pads = _tuple(op, "padding", padding, rank, 0)
+    extra = _tuple(op, "output_padding", output_padding, rank, 0)
+    x = input.unsqueeze(0) if unbatched else input
+    y = OPS["convolution_backward_data"](x, weight, None, strides, pads, pads, dilations,
+                                         groups, extra)
+    y = _add_bias(y, bias, op)
+    return y.squeeze(0) if unbatched else y
+
+
+def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride: int | Sequence[int] = 1, padding: Padding = 0,
+           dilation: int | Sequence[int] = 1, groups: int = 1) -> torch.Tensor:
+    """torch.nn.functional.conv1d on convgrad's kernels (padding may also be
+    (begin, end) pairs)."""
+    return _conv(1, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride: int | Sequence[int] = 1, padding: Padding = 0,
+           dilation: int | Sequence[int] = 1, groups: int = 1) -> torch.Tensor:
+    """torch.nn.functional.conv2d on convgrad's kernels (padding may also be
+    (begin, end) pairs)."""
+    return _conv(2, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           stride: int | Sequence[int] = 1, padding: Padding = 0,
+           dilation: int | Sequence[int] = 1, groups: int = 1) -> torch.Tensor:
+    """torch.nn.functional.conv3d on convgrad's kernels (padding may also be
+    (begin, end) pairs)."""
+    return _conv(3, input, weight, bias, stride, padding, dilation, groups)
+
+
+def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, stride: int | Sequence[int] = 1,
+                     padding: int | Sequence[int] = 0,
+                     output_padding: int | Sequence[int] = 0, groups: int = 1,
+                     dilation: int | Sequence[int] = 1) -> torch.Tensor:
+    """torch.nn.functional.conv_transpose1d on convgrad's kernels."""
+    return _conv_transpose(1, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, stride: int | Sequence[int] = 1,
+                     padding: int | Sequence[int] = 0,
+                     output_padding: int | Sequence[int] = 0, groups: int = 1,
+                     dilation: int | Sequence[int] = 1) -> torch.Tensor:
+    """torch.nn.functional.conv_transpose2d on convgrad's kernels."""
+    return _conv_transpose(2, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)
+
+
+def conv_transpose3d(input: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor | None = None, stride: int | Sequence[int] = 1,
+                     padding: int | Sequence[int] = 0,
+                     output_padding: int | Sequence[int] = 0, groups: int = 1,
+                     dilation: int | Sequence[int] = 1) -> torch.Tensor:
+    """torch.nn.functional.conv_transpose3d on convgrad's kernels."""
+    return _conv_transpose(3, input, weight, bias, stride, padding, output_padding, groups,
+                           dilation)

@@ -1,0 +1,58 @@
+"""The digits example (examples/torch_digits.py): converted to convgrad, the small CNN
+trains as it does with torch.nn, from the same seed and batches.
+
+"The same loss curve within f32 tolerance": at every one of the 276 steps the two
+losses agree within 1e-4 relative, or within torch.nn's own spread if that is larger
+(its contiguous run against its channels_last run: the same model and data, other
+f32 summation orders). On the machine this was written on the curves agree within
+6e-7 and torch.nn's own spread is 6e-3. Test accuracies agree within 1 point.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+pytest.importorskip("matplotlib")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import torch_digits  # noqa: E402
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def relative_spread(curve, reference):
+    return max(abs(a - b) / abs(b) for a, b in zip(curve, reference, strict=True))
+
+
+def test_digits_example_trains_like_torch_nn(tmp_path, capsys, one_thread):
+    plot = tmp_path / "losses.png"
+    results = torch_digits.run(plot=str(plot))
+    printed = capsys.readouterr().out
+    ours, theirs = results["convgrad"], results["torch.nn"]
+    assert len(ours["losses"]) == len(theirs["losses"]) == 12 * 23
+
+    # torch.nn against itself in another layout: how far f32 rounding alone moves it
+    model = torch_digits.make_model()
+    own, _ = torch_digits.train(model, torch_digits.load_digits_split(), epochs=12,
+                                channels_last=True)
+    tolerance = max(1e-4, relative_spread(own, theirs["losses"]))
+    assert relative_spread(ours["losses"], theirs["losses"]) <= tolerance
+
+    assert theirs["losses"][-1] < 0.3 * theirs["losses"][0]  # it learns
+    assert theirs["accuracy"] > 90
+    assert abs(ours["accuracy"] - theirs["accuracy"]) <= 1
+    assert "3 module(s) converted, 0 left alone" in printed
+    assert "test accuracy" in printed and "largest loss difference" in printed
+    assert plot.stat().st_size > 10_000
