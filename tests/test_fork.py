@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = textwrap.dedent("""
-    import multiprocessing, sys
+    import faulthandler, multiprocessing, sys
     sys.path.insert(0, {tests!r})
     import numpy as np
     import convgrad
@@ -35,6 +35,7 @@ SCRIPT = textwrap.dedent("""
         convgrad.execute(parent.op, parent.inputs, parent.attrs, num_threads=2)
 
     def child(queue, threads):
+        faulthandler.dump_traceback_later(50, exit=True)  # a hung child shows where
         results = [np.array_equal(convgrad.execute(c.op, c.inputs, c.attrs, num_threads=threads),
                                   c.expected(np.float32)) for c in (parent, fresh)]
         queue.put((all(results), convgrad.get_num_threads()))
@@ -45,7 +46,7 @@ SCRIPT = textwrap.dedent("""
                 for t in (None, 2, None)]
     for process in children:
         process.start()
-    outcomes = [queue.get(timeout=30) for _ in children]  # a hung child fails here
+    outcomes = [queue.get(timeout=60) for _ in children]  # a hung child fails here
     for process in children:
         process.join(10)
     print(outcomes, [p.exitcode for p in children], convgrad.get_num_threads())
@@ -57,7 +58,7 @@ def _run(tmp_path, parallel_first: bool, compiler: str = "cc") -> str:
     env = {"OMP_NUM_THREADS": "2", "CONVGRAD_AOT_PATH": "", "CC": compiler,
            "CONVGRAD_CACHE_DIR": str(ROOT / ".pytest_cache" / "convgrad-kernels")}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=120, env={**os.environ, **env})
+                            cwd=tmp_path, timeout=180, env={**os.environ, **env})
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
