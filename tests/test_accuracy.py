@@ -105,3 +105,45 @@ def test_error_at_most_twice_pytorch(op, name, src_shape, weights_shape, pad):
     # rows) and 3.0e-6 (data, 512 channels x 9 taps); partial sums stay within ~8 f32
     # epsilons of the largest value here.
     assert ours_error <= 1e-6
+
+
+def _resnet50_layers() -> list:
+    from convgrad.aot import read_layers
+
+    return read_layers([], ops=("ConvolutionBackwardData", "ConvolutionBackwardWeights"),
+                       data_format="NCX", weights_format="OIX", batch=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layer", _resnet50_layers(), ids=lambda x: f"{x.name}-{x.op}")
+def test_resnet50_error_at_most_twice_pytorch_on_every_path(layer, monkeypatch):
+    """Every ResNet-50 layer (batch 2, real-valued data), both ops, every path this CPU
+    runs: convgrad's relative error against float64 at most twice PyTorch's."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    first = rng.standard_normal(layer.inputs[0]).astype(np.float32)
+    second = rng.standard_normal(layer.inputs[1]).astype(np.float32)
+    shape = np.array(layer.inputs[2])
+    attrs = layer.attrs
+    exact = reference(layer.op, [first.astype(np.float64), second.astype(np.float64), shape],
+                      attrs)
+    rank = len(shape)
+    data = layer.op == "ConvolutionBackwardData"
+    if data:  # first: diff_dst, second: weights
+        diff_dst, weights = first, second
+        src = np.zeros(exact.shape, np.float32)
+    else:  # first: src, second: diff_dst
+        src, diff_dst = first, second
+        weights = np.zeros(exact.shape, np.float32)
+    theirs = torch.ops.aten.convolution_backward(
+        torch.from_numpy(diff_dst), torch.from_numpy(src), torch.from_numpy(weights), None,
+        attrs["strides"], attrs["pads_begin"], attrs["dilations"], False, [0] * rank,
+        attrs["groups"], [data, not data, False])[0 if data else 1].numpy()
+    their_error = _relative_error(theirs, exact)
+    for isa in convgrad.cpu.available_isas():
+        monkeypatch.setenv("CONVGRAD_ISA", isa)
+        ours_error = _relative_error(convgrad.execute(layer.op, [first, second, shape], attrs),
+                                     exact)
+        print(f"{layer.name} {layer.op} {isa}: convgrad {ours_error:.2e}, "
+              f"PyTorch {their_error:.2e}")
+        assert ours_error <= 2 * their_error, isa

@@ -173,6 +173,8 @@ def test_a_tuned_plan_is_reused_without_timing(tmp_path):
     assert set(record["seconds"]) == set(record["plans"]) and len(record["plans"]) >= 2
     assert record["machine"]["cpu"] == convgrad.cpu.cpu_model()
     assert first["plan"] == record["plan"]
+    if record["plan"]:  # another plan than the rules' won the rounds and the second look
+        assert record["confirmed_ratio"] * (1 + tuning.NOISE) <= 1.0
     second = _child({"CONVGRAD_CACHE_DIR": cache_dir, "CONVGRAD_TUNE": "1"})
     assert second["timings"] == 0 and second["plan"] == record["plan"] and second["same"]
     untuned = _child({"CONVGRAD_CACHE_DIR": cache_dir, "CONVGRAD_TUNE": "0"})
