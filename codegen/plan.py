@@ -115,7 +115,10 @@ REGISTERS = {"avx512bf16": 32, "avx512": 32, "avx2": 16, "portable": 16, "neon":
 # none (portable C the compiler vectorises).
 SIMD = {"avx512bf16": "avx512", "avx512": "avx512", "avx2": "avx2", "portable": "generic",
         "neon": "generic", "sve256": "generic"}
-ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12, "neon": 27,
+# NEON multiplies by a lane of a register (fmla by element) where x86 broadcasts from
+# memory, so each tile row also holds a register: GCC 12's 6x4 tiles (24 accumulators)
+# spilled in their inner loops, 5x4 do not (aarch64-linux-gnu-gcc -O3 -S, Neoverse N1).
+ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12, "neon": 20,
                 "sve256": 27}
 MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neon": 4,
                     "sve256": 4}
@@ -123,7 +126,8 @@ MAX_TILE_ROWS = 14
 # A run of exactly one pixel more than a tile's height is one tile where the accumulators
 # fit in this many of 32 registers (one may spill: cheaper than a second, short tile).
 # Zen 4 avx512, 3x3 512 channels on 7x7 outputs: 88.9 -> 97.2 GFLOP/s (7x4 tiles, not 4 + 3).
-LONG_TILE_ACCUMULATORS = {"avx512bf16": 28, "avx512": 28, "neon": 28, "sve256": 28}
+# Not on aarch64: there the 7x4 tile spilled in its inner loop (NEON and 256-bit SVE).
+LONG_TILE_ACCUMULATORS = {"avx512bf16": 28, "avx512": 28}
 WEIGHT_CHUNK_BYTES = 512 * 1024  # half of a 1 MB L2 (Zen 4, Sapphire Rapids: 2 MB)
 
 # Weight-gradient chunks: every tile passes over one chunk of diff_dst rows before the

@@ -12,6 +12,7 @@ never skip there. A modest sample runs by default, more with CONVGRAD_SLOW_TESTS
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -191,6 +192,58 @@ def test_random_kernels_under_emulation(name, tmp_path):
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_many_random_kernels_under_emulation(name, tmp_path):
     _run_cases(name, 48, seed=100 + sorted(TARGETS).index(name), tmp_path=tmp_path)
+
+
+_BRANCH = re.compile(r"^\s+(?:b\.?(?:ne|eq|lt|gt|le|ge|cc|cs|hi|ls|mi|pl|lo|hs|any|none|"
+                     r"first|last|nfrst)|cbn?z\s+\w+,|tbn?z\s+\w+,\s*#?\d+,)\s*(\.L\d+)")
+
+
+def _inner_tile_loops(assembly: str) -> dict[str, tuple[int, int, int]]:
+    """Per tile function: the innermost loop with multiply-adds (the one a backward
+    branch closes first), as (fmla count, stack accesses, vector registers named)."""
+    loops: dict[str, tuple[int, int, int]] = {}
+    function, labels = "", {}
+    lines = assembly.splitlines()
+    for i, line in enumerate(lines):
+        if (head := re.match(r"^([A-Za-z_][\w.]*):", line)) and not line.startswith(".L"):
+            function = head.group(1).split(".")[0]
+        elif label := re.match(r"^(\.L\d+):", line):
+            labels[label.group(1)] = i
+        elif function.startswith("tile_") and function not in loops and (
+                branch := _BRANCH.search(line)) and labels.get(branch.group(1), i) < i:
+            body = "\n".join(lines[labels[branch.group(1)]:i + 1])
+            fmla = len(re.findall(r"\bfmla\b", body))
+            if fmla >= 8:
+                loops[function] = (fmla, len(re.findall(r"\[sp", body)),
+                                   len(set(re.findall(r"\b[vqz](\d+)\b", body))))
+    return loops
+
+
+@pytest.mark.parametrize("name", ["neoverse_n1", "neoverse_v1"])
+@pytest.mark.parametrize("family,kernel,cin,cout,data_format", [
+    ("bwd_data", 3, 64, 64, "NXC"), ("bwd_data", 1, 256, 64, "NCX"),
+    ("bwd_weights", 3, 64, 64, "NXC"), ("bwd_weights", 1, 256, 64, "NCX")])
+def test_aarch64_tiles_do_not_spill(name, family, kernel, cin, cout, data_format, tmp_path):
+    """The register tiles of the aarch64 paths fit their 32 vector registers: no inner
+    loop of a tile touches the stack (GCC's assembly, -O3, the target's flags)."""
+    tools = _tools(name)
+    isa = target(name).isa
+    config = KernelConfig(family=family, kernel=(kernel, kernel), strides=(1, 1),
+                          dilations=(1, 1), groups=1, cin_per_group=cin, cout_per_group=cout,
+                          data_format=data_format, weights_format="XIO", dtype="f32", isa=isa)
+    source = tmp_path / "kernel.c"
+    source.write_text(render(config))
+    flags = [*BASE_FLAGS, *target(name).flags("gcc", "12.2"),
+             *(["-msve-vector-bits=256"] if isa == "sve256" else [])]
+    run = subprocess.run([tools["cc"], *flags, "-S", "-o", str(tmp_path / "kernel.s"),
+                          str(source)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    loops = _inner_tile_loops((tmp_path / "kernel.s").read_text())
+    print(name, config.name, loops)
+    assert loops, "no tile loop found"
+    largest = max(loops.values())
+    assert largest[0] >= 20  # the full tiles are there: 5x4 (NEON) or 6x4 (SVE) and up
+    assert all(stack == 0 for _, stack, _ in loops.values()), loops
 
 
 def test_c_example_for_aarch64_under_emulation(tmp_path):
