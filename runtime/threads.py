@@ -3,11 +3,13 @@
 GCC's OpenMP runtime (libgomp) keeps a pool of worker threads after the first
 parallel region and cannot re-initialise it in a child made by `fork` (the
 workers do not exist there), so the child's first parallel region waits forever.
-LLVM's and Intel's runtimes reset themselves in the child. So when a process
-that ran kernels on several threads forks and its kernels use libgomp, the child
-(and its own children) run every kernel on one thread: correct results, never a
-hang. Elsewhere, and in children forked before any parallel kernel ran, the
-thread count is unchanged.
+LLVM's and Intel's runtimes (libomp, libiomp5) reset themselves in the child,
+unless KMP_INIT_AT_FORK is false: scikit-learn and joblib set it so on import, and
+then their children hang as libgomp's do. So when a process that ran kernels on
+several threads forks and its kernels use libgomp, or libomp told not to reset,
+the child (and its own children) run every kernel on one thread: correct results,
+never a hang. Elsewhere, and in children forked before any parallel kernel ran,
+the thread count is unchanged.
 """
 
 from __future__ import annotations
@@ -64,20 +66,32 @@ def for_call(requested: int | None) -> int:
     return count
 
 
-def _libgomp_loaded() -> bool:
+def _runtime_cannot_restart() -> str | None:
+    """The loaded OpenMP runtime that cannot restart its threads in a forked child, if
+    any: libgomp always, LLVM's or Intel's when KMP_INIT_AT_FORK is false."""
     try:
         with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
-            return any("libgomp" in line for line in maps)
+            libraries = maps.read()
     except OSError:
-        return True  # cannot tell: assume the runtime that cannot re-initialise
+        return "an unknown OpenMP runtime"  # cannot tell: assume it cannot restart
+    if "libgomp" in libraries:
+        return "libgomp"
+    kmp_reset = os.environ.get("KMP_INIT_AT_FORK", "").strip().lower()
+    if ("libomp" in libraries or "libiomp" in libraries) and kmp_reset in (
+            "false", "0", "no", "off", ".false."):
+        return "libomp with KMP_INIT_AT_FORK=" + os.environ["KMP_INIT_AT_FORK"]
+    return None
 
 
 def _after_fork_in_child() -> None:
     global _single_after_fork
-    if _parallel_ran and not _single_after_fork and _libgomp_loaded():
+    if not _parallel_ran or _single_after_fork:
+        return
+    runtime = _runtime_cannot_restart()
+    if runtime:
         _single_after_fork = True
-        log.info("convgrad: forked after kernels ran on several threads; libgomp cannot "
-                 "restart its threads here, so this process runs kernels on one thread")
+        log.info("convgrad: forked after kernels ran on several threads; %s cannot restart "
+                 "its threads here, so this process runs kernels on one thread", runtime)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

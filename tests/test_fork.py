@@ -2,8 +2,9 @@
 
 libgomp (GCC's OpenMP runtime) cannot restart its worker threads in a forked child,
 so such a child runs kernels on one thread (convgrad.threads); LLVM's libomp (kernels
-built by clang) restarts them, so its children keep their threads. Either way a
-child must never hang and its results must be exact. CI installs clang and libomp."""
+built by clang) restarts them, so its children keep their threads, unless
+KMP_INIT_AT_FORK is false (scikit-learn sets it so). Either way a child must never
+hang and its results must be exact. CI installs clang and libomp."""
 
 from __future__ import annotations
 
@@ -53,12 +54,14 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, parallel_first: bool, compiler: str = "cc") -> str:
+def _run(tmp_path, parallel_first: bool, compiler: str = "cc", **extra: str) -> str:
     script = SCRIPT.format(tests=str(ROOT / "tests"), parallel_first=parallel_first)
     env = {"OMP_NUM_THREADS": "2", "CONVGRAD_AOT_PATH": "", "CC": compiler,
-           "CONVGRAD_CACHE_DIR": str(ROOT / ".pytest_cache" / "convgrad-kernels")}
+           "CONVGRAD_CACHE_DIR": str(ROOT / ".pytest_cache" / "convgrad-kernels"), **extra}
+    # scikit-learn and joblib set KMP_INIT_AT_FORK=FALSE in os.environ when imported
+    inherited = {k: v for k, v in os.environ.items() if k != "KMP_INIT_AT_FORK"}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=180, env={**os.environ, **env})
+                            cwd=tmp_path, timeout=180, env={**inherited, **env})
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -67,6 +70,14 @@ def test_children_forked_after_parallel_kernels_are_exact_on_one_thread(tmp_path
     # gcc's libgomp. Without the fork handler each child waits forever for lost workers.
     outcomes = _run(tmp_path, parallel_first=True)
     print("children forked after a 2-thread call used 1 thread each:", outcomes)
+    assert outcomes == "[(True, 1), (True, 1), (True, 1)] [0, 0, 0] 2"
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="needs clang and libomp-dev")
+def test_children_run_on_one_thread_when_llvm_openmp_is_told_not_to_reset(tmp_path):
+    # KMP_INIT_AT_FORK=FALSE (as scikit-learn and joblib set it): libomp's children hang
+    # in their first parallel region as libgomp's do, so they run kernels on one thread.
+    outcomes = _run(tmp_path, parallel_first=True, compiler="clang", KMP_INIT_AT_FORK="FALSE")
     assert outcomes == "[(True, 1), (True, 1), (True, 1)] [0, 0, 0] 2"
 
 
