@@ -33,7 +33,6 @@ import copy
 import csv
 import json
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +45,9 @@ from torch import nn
 
 import convgrad.torch as cgt
 from convgrad.cpu import selected_isa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import timed_pair  # noqa: E402  (the sibling benchmark's turn-taking timer)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "train_step"
@@ -118,26 +120,6 @@ class Row:
     grad_rel_diff: float  # largest over the convolution weights
 
 
-def timed_turns(steps: Sequence[Callable[[], object]], min_time: float, min_repeats: int = 3,
-                block_time: float = 0.5) -> list[tuple[float, int]]:
-    """(median seconds, count) of each step function; they take turns in blocks, and
-    the first step of a block is not counted (the other library's OpenMP threads may
-    still be spinning; see benchmarks/bench.py)."""
-    times: list[list[float]] = [[] for _ in steps]
-    while True:
-        pending = [i for i, t in enumerate(times) if len(t) < min_repeats or sum(t) < min_time]
-        if not pending:
-            return [(statistics.median(t), len(t)) for t in times]
-        for i in pending:
-            start, calls = time.perf_counter(), 0
-            while calls < 2 or time.perf_counter() - start < block_time:
-                begin = time.perf_counter()
-                steps[i]()
-                if calls:
-                    times[i].append(time.perf_counter() - begin)
-                calls += 1
-
-
 def make_step(model: nn.Module, x: torch.Tensor, labels: torch.Tensor
               ) -> Callable[[], torch.Tensor]:
     def step() -> torch.Tensor:
@@ -184,7 +166,8 @@ def measure(dtype_name: str, threads: int, args: argparse.Namespace) -> Row:
     for _ in range(args.warmup - 1):
         step_ours()
         step_torch()
-    (t_torch, n_torch), (t_ours, n_ours) = timed_turns([step_torch, step_ours], args.min_time)
+    (t_torch, n_torch), (t_ours, n_ours) = timed_pair([step_torch, step_ours], args.min_time,
+                                                    block_time=0.5)
     return Row(dtype_name, threads, args.batch, args.size, args.memory_format,
                round(t_torch * 1e3, 3), n_torch, round(t_ours * 1e3, 3), n_ours,
                round(t_torch / t_ours, 3), round(first * 1e3, 1), loss_diff, grad_diff)
