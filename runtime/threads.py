@@ -79,7 +79,7 @@ def _runtime_cannot_restart() -> str | None:
     kmp_reset = os.environ.get("KMP_INIT_AT_FORK", "").strip().lower()
     if ("libomp" in libraries or "libiomp" in libraries) and kmp_reset in (
             "false", "0", "no", "off", ".false."):
-        return "libomp with KMP_INIT_AT_FORK=" + os.environ["KMP_INIT_AT_FORK"]
+        return "LLVM's OpenMP runtime with KMP_INIT_AT_FORK=" + os.environ["KMP_INIT_AT_FORK"]
     return None
 
 

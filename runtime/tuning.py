@@ -243,15 +243,16 @@ def confirm(problem: Problem, dims, rules: kernels.Kernel, challenger: kernels.K
     """The median over back-to-back pairs of calls of challenger time / rules time: a
     second look at a winner, in which a drift of the machine's speed (other tenants,
     clocks) hits both plans of a pair alike."""
+    both = (rules, challenger)
     ratios = []
     started = time.perf_counter()
     while len(ratios) < pairs or time.perf_counter() - started < min_time:
-        times = []
-        for kernel in (rules, challenger) if len(ratios) % 2 else (challenger, rules):
+        seconds = [0.0, 0.0]
+        for index in (1, 0) if len(ratios) % 2 == 0 else (0, 1):  # who goes first alternates
             begin = time.perf_counter()
-            kernels.call(kernel, problem, dims, first, second, out, workspace)
-            times.append(time.perf_counter() - begin)
-        ratios.append(times[1] / times[0] if len(ratios) % 2 else times[0] / times[1])
+            kernels.call(both[index], problem, dims, first, second, out, workspace)
+            seconds[index] = time.perf_counter() - begin
+        ratios.append(seconds[1] / seconds[0])
     return statistics.median(ratios)
 
 
