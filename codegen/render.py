@@ -11,7 +11,7 @@ from pathlib import Path
 import jinja2
 
 from convgrad.codegen.config import KernelConfig
-from convgrad.codegen.plan import EMPTY_PLAN, render_context
+from convgrad.codegen.plan import EMPTY_PLAN, SIMD, render_context
 
 PACKAGE_VERSION = "0.1.0"
 
@@ -49,6 +49,12 @@ def render(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
     `plan.kernel_name(config, plan)` (`config.name` for the default plan)."""
     template = _environment().get_template("kernel.c.j2")
     return template.render(**render_context(config, generator_version(), plan or EMPTY_PLAN))
+
+
+def render_prelude(isa: str) -> str:
+    """The #include lines every kernel of `isa` starts with (`prelude.h.j2`), the text
+    a precompiled header is made of."""
+    return _environment().get_template("prelude.h.j2").render(simd=SIMD[isa])
 
 
 def render_dims_declaration() -> str:

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from convgrad import api, kernels, tuning
-from convgrad.cache import file_digest
+from convgrad import api, kernels, pch, tuning
+from convgrad.cache import cache_dir, file_digest
 from convgrad.codegen import OPS, KernelConfig, generator_version, render
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
@@ -38,7 +38,6 @@ from convgrad.codegen.targets import Target
 from convgrad.compiler import (
     archive,
     compile_flags,
-    compile_objects,
     compiler_identity,
     link_shared,
 )
@@ -171,6 +170,8 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     sources = output / "src"
     sources.mkdir(exist_ok=True)
     seconds: dict[KernelConfig, float] = {}
+    # Many kernels follow: build the precompiled prelude first (in the kernel cache).
+    pch.include_flags(isa, cache_dir(), wait=True)
     with tempfile.TemporaryDirectory(prefix="convgrad-aot-") as tmp:
         def compile_one(config: KernelConfig) -> Path:
             begin = time.perf_counter()
@@ -178,7 +179,7 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
             c_file = sources / f"{name}.c"
             c_file.write_text(render(config, plans[config]))
             obj = Path(tmp) / f"{name}.o"
-            compile_objects([c_file], obj, isa, shared=False)
+            pch.compile_kernel([c_file], obj, isa, cache_dir(), shared=False)
             seconds[config] = time.perf_counter() - begin
             if progress:
                 progress(len(seconds), len(configs), name)

@@ -33,12 +33,12 @@ from pathlib import Path
 import platformdirs
 from filelock import FileLock
 
+from convgrad import pch
 from convgrad.codegen import KernelConfig, generator_version, render
 from convgrad.codegen.plan import ISA_FEATURES, kernel_name
 from convgrad.compiler import (
     CompilerNotFoundError,
     compile_flags,
-    compile_objects,
     compiler_command,
     compiler_identity,
 )
@@ -190,7 +190,7 @@ def _build_in(config: KernelConfig, folder: Path,
             c_file = Path(tmp) / f"{name}.c"
             c_file.write_text(source)
             built = Path(tmp) / "kernel.so"
-            compile_objects([c_file], built, config.isa)
+            pch.compile_kernel([c_file], built, config.isa, folder)
             record = Path(tmp) / "record.json"
             record.write_text(json.dumps({"sha256": file_digest(built),
                                           "config": config.to_dict(),

@@ -69,12 +69,15 @@ def compiler_identity() -> str:
     return _identity(tuple(compiler_command()))
 
 
-def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = True) -> None:
-    """Compiles C sources into a shared library (or, with shared=False, one object)."""
+def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = True,
+                    extra: tuple[str, ...] = ()) -> None:
+    """Compiles C sources into a shared library (or, with shared=False, one object);
+    `extra` flags (a precompiled prelude) do not change what is built."""
     flags = compile_flags(isa)
     if not shared:
         flags = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
-    _run([*compiler_command(), *flags, "-o", str(output), *map(str, sources)], sources)
+    _run([*compiler_command(), *flags, *extra, "-o", str(output), *map(str, sources)],
+         sources)
 
 
 def link_shared(objects: list[Path], output: Path, isa: str) -> None:

@@ -20,7 +20,7 @@ from cases import make_case
 from test_ops import assert_exact
 
 import convgrad
-from convgrad import cache
+from convgrad import cache, pch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,20 +36,25 @@ CHILD = textwrap.dedent("""
 
 
 def _spy(folder: Path, delay: float = 0.0) -> Path:
-    """A CC that logs each compile (not `--version`), optionally slowly, then compiles."""
+    """A CC that logs each kernel compile (not `--version`; builds of the precompiled
+    prelude, `-x c-header`, to a log of their own), optionally slowly, then compiles."""
     spy = folder / "cc-spy"
     spy.write_text(textwrap.dedent(f"""\
         #!/bin/sh
-        if [ "$1" != "--version" ]; then echo "$$" >> {folder / "compiles.log"}; sleep {delay}; fi
+        case " $* " in
+            *" --version "*) ;;
+            *" c-header "*) echo "$$" >> {folder / "headers.log"} ;;
+            *) echo "$$" >> {folder / "compiles.log"}; sleep {delay} ;;
+        esac
         exec cc "$@"
     """))
     spy.chmod(0o755)
     return spy
 
 
-def _compiles(folder: Path) -> int:
-    log = folder / "compiles.log"
-    return len(log.read_text().splitlines()) if log.exists() else 0
+def _compiles(folder: Path, log: str = "compiles.log") -> int:
+    path = folder / log
+    return len(path.read_text().splitlines()) if path.exists() else 0
 
 
 def _child_env(folder: Path, spy: Path) -> dict:
@@ -71,6 +76,7 @@ def test_eight_processes_one_compilation(tmp_path):
                                cwd=ROOT, capture_output=True, text=True, check=True)
     assert outputs[0][0] == reference.stdout
     assert _compiles(tmp_path) == 1
+    assert _compiles(tmp_path, "headers.log") <= 1  # one process builds the prelude
 
 
 def test_process_killed_while_compiling_leaves_a_usable_cache(tmp_path):
@@ -133,16 +139,16 @@ def test_read_only_cache_falls_back_with_a_warning(fresh_cache, monkeypatch):
 
 
 def test_full_cache_falls_back_with_a_warning(fresh_cache, monkeypatch):
-    real_compile = cache.compile_objects
+    real_compile = pch.compile_kernel
     calls = []
 
-    def full_disk_once(sources, output, isa, shared=True):
+    def full_disk_once(sources, output, isa, cache_folder, **options):
         calls.append(output)
         if len(calls) == 1:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_compile(sources, output, isa, shared)
+        real_compile(sources, output, isa, cache_folder, **options)
 
-    monkeypatch.setattr(cache, "compile_objects", full_disk_once)
+    monkeypatch.setattr(pch, "compile_kernel", full_disk_once)
     monkeypatch.setattr(cache, "_fallbacks", {})
     case = make_case("ConvolutionBackwardData", spatial=(4, 5), kernel=(2, 2), seed=10)
     with pytest.warns(RuntimeWarning, match="No space left"):
