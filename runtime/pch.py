@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import time
 from contextlib import suppress
@@ -157,3 +158,16 @@ def _start(isa: str, header: Path, gch: Path) -> subprocess.Popen | None:
                              stderr=subprocess.DEVNULL, start_new_session=True)
     _builds[header.parent] = build
     return build
+
+
+def stored(cache_folder: Path) -> tuple[int, int]:
+    """How many precompiled headers a kernel cache holds, and their bytes."""
+    found = list((cache_folder / FOLDER).glob(f"*/{HEADER}.gch"))
+    return len(found), sum(path.stat().st_size for path in found)
+
+
+def clear(cache_folder: Path) -> int:
+    """Removes a kernel cache's precompiled headers; returns how many there were."""
+    count = stored(cache_folder)[0]
+    shutil.rmtree(cache_folder / FOLDER, ignore_errors=True)
+    return count

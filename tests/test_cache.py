@@ -20,7 +20,7 @@ from cases import make_case
 from test_ops import assert_exact
 
 import convgrad
-from convgrad import cache, pch
+from convgrad import cache, kernels, pch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -173,14 +173,20 @@ def test_size_cap_evicts_least_recently_used(fresh_cache, monkeypatch):
 def test_show_and_clear_commands(fresh_cache):
     case = make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(2, 2), seed=3)
     convgrad.execute(case.op, case.inputs, case.attrs)
+    for build in pch._builds.values():  # the precompiled prelude's, on GCC x86
+        build.wait(timeout=120)
+    headers = pch.stored(fresh_cache)[0]
+    config = next(iter(kernels._loaded))[0]
+    assert headers == int(pch.wanted(config.isa))
     env = {**os.environ, "CONVGRAD_CACHE_DIR": str(fresh_cache)}
     show = subprocess.run([sys.executable, "-m", "convgrad", "cache", "show"], env=env, cwd=ROOT,
                           capture_output=True, text=True, check=True)
     assert "1 kernels" in show.stdout and "convgrad_bwd_data" in show.stdout
+    assert f"{headers} precompiled headers" in show.stdout
     clear = subprocess.run([sys.executable, "-m", "convgrad", "cache", "clear"], env=env, cwd=ROOT,
                            capture_output=True, text=True, check=True)
-    assert "removed 1 kernels" in clear.stdout
-    assert cache.entries(fresh_cache) == []
+    assert f"removed 1 kernels and {headers} precompiled headers" in clear.stdout
+    assert cache.entries(fresh_cache) == [] and pch.stored(fresh_cache) == (0, 0)
 
 
 def _no_compiler_env(folder: Path) -> dict:
