@@ -2,9 +2,10 @@
 
 Every x86 kernel includes <immintrin.h> (about 38,000 lines with AVX-512 flags), and GCC
 spends ~0.2 s of a ~0.65 s kernel compile parsing it (GCC 12, Zen 4; 0.28 s with the
-avx2 path's flags). So GCC compiles kernels with `-include <folder>/convgrad_prelude.h`,
-whose precompiled `convgrad_prelude.h.gch` beside it it loads instead of parsing the
-text; the kernel's own #include lines of the same headers then find them included. The
+avx2 path's flags). So GCC compiles kernels with `-include <folder>/convgrad_prelude.h`
+and loads the precompiled `convgrad_prelude.h.gch` found beside that header instead of
+parsing its text; the kernel's own #include lines of the same headers then find them
+included. The
 prelude is rendered from the template the kernels include (`prelude.h.j2`), so both
 name the same headers, and the generated C stays self-contained: the flag is a build
 detail, not part of it, and the binary is the same either way.
@@ -13,9 +14,9 @@ The precompiled header lives in the kernel cache, in a folder named by a hash of
 compiler (command and identity), the flags and the prelude's text. A cache without it
 starts building it in the background (GCC, about 0.5 s) and compiles the kernel at hand
 without it, so no call waits for it; `wait=True` (ahead-of-time builds, which compile
-many kernels) builds it first. One process builds it at a time (a marker file created
-exclusively), and the build's own shell publishes it by an atomic rename when complete,
-so a process that exits meanwhile leaves no partial file. GCC checks a
+many kernels) builds it first. One process or thread builds it at a time (a marker file
+created exclusively), and the build's own shell publishes it by an atomic rename when
+complete, so a process that exits meanwhile leaves no partial file. GCC checks a
 precompiled header against the compilation's flags and, when it does not match, reads
 the header's text instead: slower, never different. Only GCC and only x86 SIMD paths
 use one: clang's precompiled headers are an error when they do not match, and the
