@@ -1,0 +1,62 @@
+"""Compile time of a layer list's kernels, with and without the precompiled prelude.
+
+    python benchmarks/compile_time.py [LAYER_FILES...] [--data-format NXC|NCX]
+                                      [--isa avx512|avx2|...] [--modes plain,pch]
+
+Renders every kernel of the layers (default: the built-in ResNet-50 list, as
+`convgrad aot` reads it) and compiles each one serially, once per mode: `plain`
+parses the headers as text, `pch` loads the precompiled prelude of a private cache
+folder (built first). Prints the median, least and most seconds per kernel family;
+run it on an otherwise idle machine. A kernel's first call adds rendering (~0.04 s),
+loading and one run to its compile time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from convgrad import pch
+from convgrad.aot import kernels_of, read_layers
+from convgrad.codegen import render
+from convgrad.compiler import compile_objects
+from convgrad.cpu import selected_isa
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("layers", nargs="*", type=Path)
+    parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
+    parser.add_argument("--isa", default=None, help="ISA path (default: this CPU's best)")
+    parser.add_argument("--modes", default="plain,pch")
+    args = parser.parse_args()
+    isa = args.isa or selected_isa()
+    modes = args.modes.split(",")
+    configs = kernels_of(read_layers(args.layers, data_format=args.data_format), isa)
+    seconds: dict[tuple[str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="convgrad-compile-time-") as tmp:
+        folder = Path(tmp)
+        prelude = pch.include_flags(isa, folder, wait=True)
+        if "pch" in modes and not prelude:
+            raise SystemExit(f"no precompiled prelude for {isa} with this compiler")
+        for config in configs:
+            source = folder / f"{config.name}.c"
+            source.write_text(render(config))
+            family = "weights" if config.family == "bwd_weights" else "data"
+            for mode in modes:
+                begin = time.perf_counter()
+                compile_objects([source], folder / "kernel.so", config.isa,
+                                extra=prelude if mode == "pch" else ())
+                seconds.setdefault((mode, family), []).append(time.perf_counter() - begin)
+    print(f"{len(configs)} kernels, {args.data_format}, {isa}, seconds per kernel:")
+    print(f"{'mode':6s} {'family':8s} {'n':>3s} {'median':>7s} {'min':>6s} {'max':>6s}")
+    for (mode, family), values in seconds.items():
+        print(f"{mode:6s} {family:8s} {len(values):3d} {statistics.median(values):7.3f} "
+              f"{min(values):6.3f} {max(values):6.3f}")
+
+
+if __name__ == "__main__":
+    main()
