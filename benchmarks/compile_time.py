@@ -26,23 +26,27 @@ from convgrad.compiler import compile_objects
 from convgrad.cpu import selected_isa
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("layers", nargs="*", type=Path)
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
     parser.add_argument("--isa", default=None, help="ISA path (default: this CPU's best)")
     parser.add_argument("--modes", default="plain,pch")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     isa = args.isa or selected_isa()
     modes = args.modes.split(",")
     configs = kernels_of(read_layers(args.layers, data_format=args.data_format), isa)
     seconds: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="convgrad-compile-time-") as tmp:
         folder = Path(tmp)
-        prelude = pch.include_flags(isa, folder, wait=True)
-        if "pch" in modes and not prelude:
-            raise SystemExit(f"no precompiled prelude for {isa} with this compiler")
+        preludes: dict[str, tuple[str, ...]] = {}  # by the kernels' own ISA path
         for config in configs:
+            if config.isa not in preludes:
+                preludes[config.isa] = pch.include_flags(config.isa, folder, wait=True)
+                if "pch" in modes and not preludes[config.isa]:
+                    print(f"no precompiled prelude for {config.isa} with this compiler")
+                    return 1
+            prelude = preludes[config.isa]
             source = folder / f"{config.name}.c"
             source.write_text(render(config))
             family = "weights" if config.family == "bwd_weights" else "data"
@@ -56,7 +60,8 @@ def main() -> None:
     for (mode, family), values in seconds.items():
         print(f"{mode:6s} {family:8s} {len(values):3d} {statistics.median(values):7.3f} "
               f"{min(values):6.3f} {max(values):6.3f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
