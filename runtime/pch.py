@@ -5,10 +5,10 @@ spends ~0.2 s of a ~0.65 s kernel compile parsing it (GCC 12, Zen 4; 0.28 s with
 avx2 path's flags). So GCC compiles kernels with `-include <folder>/convgrad_prelude.h`
 and loads the precompiled `convgrad_prelude.h.gch` found beside that header instead of
 parsing its text; the kernel's own #include lines of the same headers then find them
-included. The
-prelude is rendered from the template the kernels include (`prelude.h.j2`), so both
-name the same headers, and the generated C stays self-contained: the flag is a build
-detail, not part of it, and the binary is the same either way.
+included. The prelude is rendered from the template the kernels include
+(`prelude.h.j2`), so both name the same headers, and the generated C stays
+self-contained: the flag is a build detail, not part of it, and the binary is the same
+either way.
 
 The precompiled header lives in the kernel cache, in a folder named by a hash of the
 compiler (command and identity), the flags and the prelude's text. A cache without it
