@@ -339,6 +339,34 @@ def test_weight_gradient_reads_ncx_src_in_order(isa, op, dtype, geometry, monkey
     run_case(case)
 
 
+@pytest.mark.parametrize("op,data_format", [("ConvolutionBackwardWeights", "NCX"),
+                                            ("ConvolutionBackwardWeights", "NXC"),
+                                            ("ConvolutionBackwardData", "NCX"),
+                                            ("ConvTransposeBackwardData", "NXC")])
+def test_kernels_align_a_workspace_at_any_address(op, data_format):
+    """A caller's workspace of exactly workspace_size bytes may start at any address: the
+    kernel aligns its parts inside it (no vector straddles cache lines) and writes
+    nothing past its end."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    case = make_case(op, spatial=(10, 12), kernel=(1, 1) if op.endswith("Weights") else (3, 3),
+                     in_channels=40, out_channels=24, data_format=data_format, seed=13,
+                     attrs={} if op.endswith("Weights") else dict(pads_begin=1, pads_end=1))
+    a, b = case.inputs[:2]
+    problem = resolve(op, [a.shape, b.shape], case.attrs, None, "f32")
+    kernel = kernels.get_kernel(problem.config)
+    first, second = (b, a) if problem.swap_inputs else (a, b)
+    dims = kernels.dims_of(problem, 2)
+    size = kernel.workspace_size(dims)
+    for offset in (0, 4, 24, 36, 63):
+        block = np.full(size + offset + 64, 0xA5, dtype=np.uint8)
+        out = np.empty(problem.output_shape, dtype=np.float32)
+        kernels.call(kernel, problem, dims, first, second, out, block[offset:offset + size])
+        assert_exact(case, out)
+        assert (block[offset + size:] == 0xA5).all() and (block[:offset] == 0xA5).all()
+
+
 PACKED_WEIGHT_GEOMETRY = {
     # taps, stride, dilation, groups, pads; about 2 chunks per image
     "3x3": dict(spatial=(14, 11), kernel=(3, 3), in_channels=124, out_channels=124, groups=2,
