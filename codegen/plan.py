@@ -27,6 +27,8 @@ PLAN_CHOICES = {
     "ncx_in_place": "1x1 NCX f32 data gradients: 0 transposes instead",
     "slide": "depthwise data gradients: 1 uses sliding tiles where stride 1 allows",
     "packed": "weight gradients: 1 copies chunks into panels, 0 reads in place",
+    "ncx_dot": "NCX f32 weight gradients with stride 1 along w: 1 multiplies runs of pixels "
+               "of both inputs in place (dot products), 0 broadcasts src",
     "chunk_pixels": "weight gradients whose sums fit in L2: pixels per chunk",
     "max_slices": "weight gradients: most pixel slices (a power of two)",
 }
@@ -310,6 +312,63 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "src_in_place": src_channels_first and config.dtype == "f32"}
 
 
+# NCX f32 weight gradients with stride 1 along w can multiply runs of consecutive pixels
+# of src and diff_dst planes (bwd_weights_dot.c.j2): DOT_COLS output x ACCUMULATORS //
+# DOT_COLS input channels per tile, each a vector of per-lane sums added in a tree at each
+# flush; chunks of about DOT_CHUNK_PIXELS pixels packed into panels; superblocks of input
+# channels whose panels take about DOT_SUPERBLOCK_BYTES. The rules take it for 1x1 stride-1
+# layers on avx2 whose diff_dst panel (COUT_G x 512 pixels) stays within 2 MB. Zen 4, batch
+# 8, ratio to PyTorch in one run (broadcast plan -> dot), 1 thread: res2a_branch1 0.93 ->
+# 0.99, res3a_branch2c 0.89 -> 0.97, res3b_branch2a 0.89 -> 0.97, res4b_branch2a 0.94 ->
+# 1.03, res5b_branch2a 0.94 -> 0.93; 2 threads 0.89-1.34 -> 0.94-1.40; but res5a_branch2c
+# (2048 outputs) 0.91 -> 0.86 and 0.94 -> 0.84. On avx512 the broadcast plan is faster on
+# most layers (56x56 1x1: 1.12-1.37 against 0.93-1.08), and on 3x3 layers on both paths:
+# there the plan is a tuning candidate only.
+DOT_COLS = 4
+DOT_CHUNK_PIXELS = 512
+DOT_SUPERBLOCK_BYTES = 256 * 1024
+DOT_RULE_ISAS = frozenset({"avx2"})
+DOT_RULE_MAX_COUT = 1024
+
+
+def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+    """The pixel-dot plan of an NCX weight gradient, or none: tiles of input x output
+    channels of one tap whose registers hold per-lane sums along the pixels."""
+    if not dot_eligible(config) or not plan.get("ncx_dot", dot_by_rule(config)):
+        return {"ncx_dot": False}
+    rows = max(1, min(config.cin_per_group, plan.get(
+        "tile_rows", ACCUMULATORS[config.isa] // DOT_COLS)))
+    rows_last = config.cin_per_group - (-(-config.cin_per_group // rows) - 1) * rows
+    cols = min(DOT_COLS, config.cout_per_group)
+    cols_last = config.cout_per_group - (-(-config.cout_per_group // cols) - 1) * cols
+    vectors = -(-config.cout_per_group // VECTOR_LANES[config.isa])
+    sums_bytes = (4 * config.groups * prod(config.kernel) * config.cin_per_group * vectors
+                  * VECTOR_LANES[config.isa])
+    return {"ncx_dot": True, "tile_rows": rows,
+            "dot_tiles": list(dict.fromkeys((r, c) for r in (rows, rows_last)
+                                            for c in (cols, cols_last))),
+            "chunk_pixels": plan.get("chunk_pixels", DOT_CHUNK_PIXELS),
+            "superblock_bytes": DOT_SUPERBLOCK_BYTES,
+            "partial_pixels": partial_steps(config),
+            "max_slices": _power_of_two_floor(min(
+                plan.get("max_slices", MAX_SLICES), SLICE_SUMS_BYTES // sums_bytes))
+            if sums_bytes <= SUMS_IN_L2_BYTES else 1,
+            "slice_min_pixels": SLICE_MIN_PIXELS}
+
+
+def dot_by_rule(config: KernelConfig) -> bool:
+    """Whether the rules pick the pixel-dot plan (see DOT_RULE_ISAS)."""
+    return (config.isa in DOT_RULE_ISAS and all(k == 1 for k in config.kernel)
+            and all(s == 1 for s in config.strides)
+            and config.cout_per_group <= DOT_RULE_MAX_COUT)
+
+
+def dot_eligible(config: KernelConfig) -> bool:
+    """Whether the pixel-dot plan can compute this configuration."""
+    return (config.family == "bwd_weights" and config.data_format == "NCX"
+            and config.dtype == "f32" and not config.depthwise and config.strides[-1] == 1)
+
+
 def depthwise_weight_rows(config: KernelConfig) -> dict:
     """Channel vectors per depthwise weight-gradient row kernel: KW taps x vectors of
     sums stay in registers, next to the diff_dst vectors."""
@@ -391,6 +450,8 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     """The template that computes this configuration, and its tiles."""
     if config.family == "bwd_weights" and config.depthwise:
         return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config)}
+    if config.family == "bwd_weights" and dot_tiles(config, plan)["ncx_dot"]:
+        return {"body": "bwd_weights_dot.c.j2", "no_scratch": True, **dot_tiles(config, plan)}
     if config.family == "bwd_weights":
         tiles = weight_tiles(config, plan)
         body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
@@ -463,8 +524,11 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
     if config.family == "bwd_weights":
         if config.depthwise:
             return []
+        if dot_tiles(config)["ncx_dot"]:
+            return [{"ncx_dot": 0}, {"chunk_pixels": DOT_CHUNK_PIXELS * 2},
+                    {"tile_rows": ACCUMULATORS[isa] // DOT_COLS - 1}]
         tiles = weight_tiles(config)
-        found: list[dict[str, int]] = []
+        found: list[dict[str, int]] = [{"ncx_dot": 1}] if dot_eligible(config) else []
         if not tiles["flatten_w"] and not uses_bf16_dot(config):
             found.append({"packed": int(not tiles["packed"])})
         found += [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa] - 1, 1, -1)]

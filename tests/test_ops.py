@@ -20,6 +20,7 @@ from convgrad.codegen import KernelConfig
 from convgrad.reference import OP_KINDS
 
 FUNCTIONS = {spec.kind: getattr(convgrad, spec.function) for spec in api.OPS.values()}
+DTYPE_NAMES = {np.dtype(dtype): name for name, dtype in DTYPES.items()}
 
 
 def assert_exact(case, result):
@@ -337,6 +338,75 @@ def test_weight_gradient_reads_ncx_src_in_order(isa, op, dtype, geometry, monkey
     case = make_case(op, **NCX_WEIGHT_GEOMETRY[geometry], in_channels=38, out_channels=22,
                      data_format="NCX", dtype=dtype, seed=5)
     run_case(case)
+
+
+DOT_WEIGHT_GEOMETRY = {
+    # 1x1: runs merge across rows; 3 chunks, 2 superblocks, input-channel tails
+    "1x1": dict(spatial=(20, 26), kernel=(1, 1), in_channels=301, out_channels=46, batch=2),
+    # taps, pads, dilation along w, stride along h, groups, output-channel tail
+    "3x3": dict(spatial=(9, 13), kernel=(3, 3), in_channels=20, out_channels=26, groups=2,
+                batch=2, attrs=dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 2],
+                                    pads_end=[0, 1])),
+    # 1-D with pads and runs shorter than a vector; 3-D
+    "1d": dict(spatial=(11,), kernel=(4,), in_channels=9, out_channels=7, batch=3,
+               attrs=dict(pads_begin=[2], pads_end=[1])),
+    "3d": dict(spatial=(4, 5, 6), kernel=(1, 2, 2), in_channels=12, out_channels=5, batch=2,
+               attrs=dict(strides=[2, 1, 1], pads_begin=[0, 1, 0], pads_end=[1, 0, 1])),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op,weights_format", [("ConvolutionBackwardWeights", "OIX"),
+                                               ("ConvolutionBackwardWeights", "XIO"),
+                                               ("ConvTransposeBackwardWeights", "XOI")])
+@pytest.mark.parametrize("geometry", sorted(DOT_WEIGHT_GEOMETRY))
+def test_weight_gradient_as_dot_products_along_pixels(isa, op, weights_format, geometry,
+                                                      monkeypatch):
+    """The pixel-dot plan of NCX f32 weight gradients (runs of both inputs packed into
+    panels, per-lane sums added in a tree), forced on every ISA path: exact, and the same
+    bits on 1, 2 and 3 threads."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case(op, **DOT_WEIGHT_GEOMETRY[geometry], data_format="NCX",
+                     weights_format=weights_format, seed=12)
+    for threads in (1, 2, 3):
+        run_with_plan(case, {"ncx_dot": 1}, isa, threads)
+
+
+def run_with_plan(case, plan, isa, threads):
+    """Runs `case` with a forced plan on one ISA path and checks the result's bits."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    a, b = case.inputs[:2]
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, DTYPE_NAMES[a.dtype])
+    kernel = kernels.get_kernel(problem.config.with_isa(isa), plan)
+    assert kernel.plan == plan
+    first, second = (b, a) if problem.swap_inputs else (a, b)
+    dims = kernels.dims_of(problem, threads)
+    out = np.empty(problem.output_shape, dtype=a.dtype)
+    kernels.call(kernel, problem, dims, first, second, out,
+                 np.empty(kernel.workspace_size(dims), dtype=np.uint8))
+    assert_exact(case, out)
+
+
+def test_dot_products_where_the_rules_measured_them_faster():
+    """The planner's rule (pure: no CPU needed): 1x1 stride-1 NCX f32 weight gradients on
+    avx2 with at most 1024 output channels per group; a candidate wherever stride 1
+    along w lets it run (any kernel, stride along h), never for other dtypes or NXC."""
+    from convgrad.codegen.plan import candidates, dot_tiles
+
+    def config(kernel=(1, 1), strides=(1, 1), cout=512, isa="avx2", dtype="f32", fmt="NCX"):
+        return KernelConfig("bwd_weights", kernel, strides, (1, 1), 1, 256, cout, fmt, "OIX",
+                            dtype, isa)
+
+    assert dot_tiles(config())["ncx_dot"]
+    for other in (config(cout=2048), config(isa="avx512"), config(kernel=(3, 3)),
+                  config(strides=(2, 1))):
+        assert not dot_tiles(other)["ncx_dot"] and {"ncx_dot": 1} in candidates(other)
+    assert {"ncx_dot": 0} in candidates(config())
+    for never in (config(strides=(1, 2)), config(dtype="f16"), config(fmt="NXC")):
+        assert not dot_tiles(never, {"ncx_dot": 1})["ncx_dot"]
+        assert all("ncx_dot" not in plan for plan in candidates(never))
 
 
 @pytest.mark.parametrize("op,data_format", [("ConvolutionBackwardWeights", "NCX"),

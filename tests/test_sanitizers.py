@@ -105,6 +105,12 @@ LONG_REDUCTIONS = textwrap.dedent("""
     run_case(make_case("ConvolutionBackwardData", spatial=(3, 37), kernel=(2, 3),  # sliding
                        in_channels=40, out_channels=40, groups=40,
                        attrs=dict(pads_begin=[1, 2], pads_end=[0, 1])), num_threads=2)
+    import convgrad  # the pixel-dot plan of NCX weight gradients, forced
+    from test_ops import DOT_WEIGHT_GEOMETRY, run_with_plan
+    for name in ("1x1", "3x3"):
+        run_with_plan(make_case("ConvolutionBackwardWeights", **DOT_WEIGHT_GEOMETRY[name],
+                                data_format="NCX"), {{"ncx_dot": 1}},
+                      convgrad.cpu.available_isas()[0], 2)
     print("ok")
 """)
 

@@ -87,6 +87,8 @@ EXACT_CASES = {
                     attrs=dict(pads_begin=1, pads_end=1)),
     "weights 1x1": dict(op="ConvolutionBackwardWeights", spatial=(32, 33), kernel=(1, 1),
                         in_channels=150, out_channels=40, batch=4),
+    "weights 1x1 NCX": dict(op="ConvolutionBackwardWeights", spatial=(20, 26), kernel=(1, 1),
+                            in_channels=64, out_channels=40, batch=2, data_format="NCX"),
     "weights 3x3 NCX f16": dict(op="ConvolutionBackwardWeights", spatial=(14, 11),
                                 kernel=(3, 3), in_channels=40, out_channels=34, groups=2,
                                 batch=2, data_format="NCX", dtype="f16",
