@@ -27,8 +27,8 @@ PLAN_CHOICES = {
     "ncx_in_place": "1x1 NCX f32 data gradients: 0 transposes instead",
     "slide": "depthwise data gradients: 1 uses sliding tiles where stride 1 allows",
     "packed": "weight gradients: 1 copies chunks into panels, 0 reads in place",
-    "ncx_dot": "NCX f32 weight gradients with stride 1 along w: 1 multiplies runs of pixels "
-               "of both inputs in place (dot products), 0 broadcasts src",
+    "ncx_dot": "NCX f32 weight gradients with stride 1 along w: 1 packs runs of pixels of "
+               "both inputs and multiplies them (dot products), 0 broadcasts src",
     "chunk_pixels": "weight gradients whose sums fit in L2: pixels per chunk",
     "max_slices": "weight gradients: most pixel slices (a power of two)",
 }
@@ -252,6 +252,22 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
                 config.groups * vectors * lanes * chunk * elem_bytes <= WEIGHT_CHUNK_BYTES))}
 
 
+def _weight_sums_bytes(config: KernelConfig) -> int:
+    """Bytes of a weight gradient's f32 sums: every tap, input channel and vector of
+    output channels of every group."""
+    lanes = VECTOR_LANES[config.isa]
+    vectors = -(-config.cout_per_group // lanes)
+    return 4 * config.groups * prod(config.kernel) * config.cin_per_group * vectors * lanes
+
+
+def _max_slices(sums_bytes: int, plan: Mapping[str, int]) -> int:
+    """Most pixel slices of a weight gradient: several only while the sums stay in L2."""
+    if sums_bytes > SUMS_IN_L2_BYTES:
+        return 1
+    return _power_of_two_floor(min(plan.get("max_slices", MAX_SLICES),
+                                   SLICE_SUMS_BYTES // sums_bytes))
+
+
 def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Register blocking of the weight-gradient tiles: input channels x vectors of
     output channels of one tap."""
@@ -273,7 +289,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     rows = min(rows, total)
     rows_last = total - (-(-total // rows) - 1) * rows
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
-    sums_bytes = 4 * config.groups * prod(config.kernel) * channels * vectors * lanes
+    sums_bytes = _weight_sums_bytes(config)
     # Packed panels (bwd_weights_packed.c.j2): per chunk, each thread copies what its tiles
     # read into panels at consecutive addresses. Read in place, channels-last rows a power
     # of two apart share a few cache sets and a page per pixel (Ice Lake, AVX2, 1x1
@@ -300,9 +316,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
     return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w,
             "packed": packed, "partial_pixels": partial_steps(config),
-            "max_slices": _power_of_two_floor(min(
-                plan.get("max_slices", MAX_SLICES), SLICE_SUMS_BYTES // sums_bytes))
-            if in_l2 else 1,
+            "max_slices": _max_slices(sums_bytes, plan),
             "slice_min_pixels": SLICE_MIN_PIXELS,
             "chunk_pixels": plan.get("chunk_pixels", CHUNK_PIXELS) if in_l2 else 0,
             "chunk_bytes": max(CHUNK_BYTES, sums_bytes // 2),
@@ -341,18 +355,13 @@ def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
     rows_last = config.cin_per_group - (-(-config.cin_per_group // rows) - 1) * rows
     cols = min(DOT_COLS, config.cout_per_group)
     cols_last = config.cout_per_group - (-(-config.cout_per_group // cols) - 1) * cols
-    vectors = -(-config.cout_per_group // VECTOR_LANES[config.isa])
-    sums_bytes = (4 * config.groups * prod(config.kernel) * config.cin_per_group * vectors
-                  * VECTOR_LANES[config.isa])
     return {"ncx_dot": True, "tile_rows": rows,
             "dot_tiles": list(dict.fromkeys((r, c) for r in (rows, rows_last)
                                             for c in (cols, cols_last))),
             "chunk_pixels": plan.get("chunk_pixels", DOT_CHUNK_PIXELS),
             "superblock_bytes": DOT_SUPERBLOCK_BYTES,
             "partial_pixels": partial_steps(config),
-            "max_slices": _power_of_two_floor(min(
-                plan.get("max_slices", MAX_SLICES), SLICE_SUMS_BYTES // sums_bytes))
-            if sums_bytes <= SUMS_IN_L2_BYTES else 1,
+            "max_slices": _max_slices(_weight_sums_bytes(config), plan),
             "slice_min_pixels": SLICE_MIN_PIXELS}
 
 
@@ -450,9 +459,10 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     """The template that computes this configuration, and its tiles."""
     if config.family == "bwd_weights" and config.depthwise:
         return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config)}
-    if config.family == "bwd_weights" and dot_tiles(config, plan)["ncx_dot"]:
-        return {"body": "bwd_weights_dot.c.j2", "no_scratch": True, **dot_tiles(config, plan)}
     if config.family == "bwd_weights":
+        dot = dot_tiles(config, plan)
+        if dot["ncx_dot"]:
+            return {"body": "bwd_weights_dot.c.j2", "no_scratch": True, **dot}
         tiles = weight_tiles(config, plan)
         body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
         return {"body": body, "no_scratch": tiles["packed"], **tiles}
