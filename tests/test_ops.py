@@ -341,7 +341,7 @@ def test_weight_gradient_reads_ncx_src_in_order(isa, op, dtype, geometry, monkey
 
 
 DOT_WEIGHT_GEOMETRY = {
-    # 1x1: runs merge across rows; 3 chunks, 2 superblocks, input-channel tails
+    # 1x1: runs merge across rows; 3 chunks, 3 superblocks, input-channel tails
     "1x1": dict(spatial=(20, 26), kernel=(1, 1), in_channels=301, out_channels=46, batch=2),
     # taps, pads, dilation along w, stride along h, groups, output-channel tail
     "3x3": dict(spatial=(9, 13), kernel=(3, 3), in_channels=20, out_channels=26, groups=2,
@@ -372,21 +372,32 @@ def test_weight_gradient_as_dot_products_along_pixels(isa, op, weights_format, g
         run_with_plan(case, {"ncx_dot": 1}, isa, threads)
 
 
-def run_with_plan(case, plan, isa, threads):
-    """Runs `case` with a forced plan on one ISA path and checks the result's bits."""
+def forced_kernel(case, plan=None, isa=None, threads=1):
+    """`case`'s kernel (with a forced plan and ISA path where given): the workspace bytes
+    it needs, and a function that runs it on a given workspace and checks the bits."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
     a, b = case.inputs[:2]
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, DTYPE_NAMES[a.dtype])
-    kernel = kernels.get_kernel(problem.config.with_isa(isa), plan)
-    assert kernel.plan == plan
+    config = problem.config.with_isa(isa) if isa else problem.config
+    kernel = kernels.get_kernel(config, plan)
+    assert plan is None or kernel.plan == plan
     first, second = (b, a) if problem.swap_inputs else (a, b)
     dims = kernels.dims_of(problem, threads)
-    out = np.empty(problem.output_shape, dtype=a.dtype)
-    kernels.call(kernel, problem, dims, first, second, out,
-                 np.empty(kernel.workspace_size(dims), dtype=np.uint8))
-    assert_exact(case, out)
+
+    def run(workspace):
+        out = np.empty(problem.output_shape, dtype=a.dtype)
+        kernels.call(kernel, problem, dims, first, second, out, workspace)
+        assert_exact(case, out)
+
+    return kernel.workspace_size(dims), run
+
+
+def run_with_plan(case, plan, isa, threads):
+    """Runs `case` with a forced plan on one ISA path and checks the result's bits."""
+    size, run = forced_kernel(case, plan, isa, threads)
+    run(np.empty(size, dtype=np.uint8))
 
 
 def test_dot_products_where_the_rules_measured_them_faster():
@@ -417,23 +428,13 @@ def test_kernels_align_a_workspace_at_any_address(op, data_format):
     """A caller's workspace of exactly workspace_size bytes may start at any address: the
     kernel aligns its parts inside it (no vector straddles cache lines) and writes
     nothing past its end."""
-    from convgrad import kernels
-    from convgrad.codegen.ops import resolve
-
     case = make_case(op, spatial=(10, 12), kernel=(1, 1) if op.endswith("Weights") else (3, 3),
                      in_channels=40, out_channels=24, data_format=data_format, seed=13,
                      attrs={} if op.endswith("Weights") else dict(pads_begin=1, pads_end=1))
-    a, b = case.inputs[:2]
-    problem = resolve(op, [a.shape, b.shape], case.attrs, None, "f32")
-    kernel = kernels.get_kernel(problem.config)
-    first, second = (b, a) if problem.swap_inputs else (a, b)
-    dims = kernels.dims_of(problem, 2)
-    size = kernel.workspace_size(dims)
+    size, run = forced_kernel(case, threads=2)
     for offset in (0, 4, 24, 36, 63):
         block = np.full(size + offset + 64, 0xA5, dtype=np.uint8)
-        out = np.empty(problem.output_shape, dtype=np.float32)
-        kernels.call(kernel, problem, dims, first, second, out, block[offset:offset + size])
-        assert_exact(case, out)
+        run(block[offset:offset + size])
         assert (block[offset + size:] == 0xA5).all() and (block[:offset] == 0xA5).all()
 
 
