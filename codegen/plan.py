@@ -125,6 +125,7 @@ ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12, "neo
 MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neon": 4,
                     "sve256": 4}
 MAX_TILE_ROWS = 14
+LAST_TILE_EXTRA_ROWS = 2
 # A run of exactly one pixel more than a tile's height is one tile where the accumulators
 # fit in this many of 32 registers (one may spill: cheaper than a second, short tile).
 # Zen 4 avx512, 3x3 512 channels on 7x7 outputs: 88.9 -> 97.2 GFLOP/s (7x4 tiles, not 4 + 3).
@@ -221,8 +222,15 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     last = vectors - (-(-vectors // block) - 1) * block
     rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block,
                       plan.get("tile_rows", MAX_TILE_ROWS)))
+    # A narrower last vector block has taller tiles (its registers would idle otherwise),
+    # at most LAST_TILE_EXTRA_ROWS more: every height is instantiated, and compiled.
+    # (Zen 4 avx2, 3x3 64 <- 64 channels as 3 + 3 + 2 vectors: 95.5 GFLOP/s with 4 x 2
+    # tiles, 102 with 6 x 2; PyTorch 110.)
+    rows_last = rows if last == block or config.depthwise else max(rows, min(
+        ACCUMULATORS[config.isa] // last, rows + LAST_TILE_EXTRA_ROWS, MAX_TILE_ROWS))
     # Every tile height is instantiated, so a row's remainder is one smaller tile.
-    tiles = list(dict.fromkeys((r, v) for v in (block, last) for r in range(rows, 0, -1)))
+    tiles = list(dict.fromkeys([*((r, block) for r in range(rows, 0, -1)),
+                                *((r, last) for r in range(rows_last, 0, -1))]))
     # Reduced channels per pass: that chunk's weights for every tap stay in L2.
     reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
     taps = prod(config.kernel)
@@ -238,7 +246,8 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         not config.depthwise and rows < MAX_TILE_ROWS) else 0
     if long_tile:
         tiles = list(dict.fromkeys([(long_tile, block), (long_tile, last), *tiles]))
-    return {"tile_rows": rows, "vec_block": block, "vec_last": last, "tiles": tiles,
+    return {"tile_rows": rows, "tile_rows_last": rows_last, "vec_block": block,
+            "vec_last": last, "tiles": tiles,
             "long_tile": long_tile,
             "reduce_chunk": chunk, "partial_steps": partial_steps(config),
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
