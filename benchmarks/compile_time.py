@@ -1,14 +1,16 @@
 """Compile time of a layer list's kernels, with and without the precompiled prelude.
 
     python benchmarks/compile_time.py [LAYER_FILES...] [--data-format NXC|NCX]
-                                      [--isa avx512|avx2|...] [--modes plain,pch]
+                                      [--isa avx512|avx2|...] [--modes plain,pch,parts]
 
 Renders every kernel of the layers (default: the built-in ResNet-50 list, as
-`convgrad aot` reads it) and compiles each one serially, once per mode: `plain`
-parses the headers as text, `pch` loads the precompiled prelude of a private cache
-folder (built first). Prints the median, least and most seconds per kernel family;
-run it on an otherwise idle machine. A kernel's first call adds rendering (~0.04 s),
-loading and one run to its compile time.
+`convgrad aot` reads it) and compiles each one, kernel after kernel, once per mode:
+`plain` parses the headers as text, `pch` loads the precompiled prelude of a private
+cache folder (built first), `parts` also compiles a data kernel as two objects at once
+(a lazy build with CONVGRAD_BUILD_JOBS=2, the default on two cores or more). Prints
+the median, least and most seconds per kernel family; run it on an otherwise idle
+machine. A kernel's first call adds rendering (~0.04 s), loading and one run to its
+compile time.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from convgrad import pch
 from convgrad.aot import kernels_of, read_layers
 from convgrad.codegen import render
+from convgrad.codegen.plan import compile_parts
 from convgrad.compiler import compile_objects
 from convgrad.cpu import selected_isa
 
@@ -31,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("layers", nargs="*", type=Path)
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
     parser.add_argument("--isa", default=None, help="ISA path (default: this CPU's best)")
-    parser.add_argument("--modes", default="plain,pch")
+    parser.add_argument("--modes", default="plain,pch,parts")
     args = parser.parse_args(argv)
     isa = args.isa or selected_isa()
     modes = args.modes.split(",")
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         for config in configs:
             if config.isa not in preludes:
                 preludes[config.isa] = pch.include_flags(config.isa, folder, wait=True)
-                if "pch" in modes and not preludes[config.isa]:
+                if {"pch", "parts"} & set(modes) and not preludes[config.isa]:
                     print(f"no precompiled prelude for {config.isa} with this compiler")
                     return 1
             prelude = preludes[config.isa]
@@ -53,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 begin = time.perf_counter()
                 compile_objects([source], folder / "kernel.so", config.isa,
-                                extra=prelude if mode == "pch" else ())
+                                extra=prelude if mode != "plain" else (),
+                                parts=compile_parts(config) if mode == "parts" else 1)
                 seconds.setdefault((mode, family), []).append(time.perf_counter() - begin)
     print(f"{len(configs)} kernels, {args.data_format}, {isa}, seconds per kernel:")
     print(f"{'mode':6s} {'family':8s} {'n':>3s} {'median':>7s} {'min':>6s} {'max':>6s}")

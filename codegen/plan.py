@@ -475,10 +475,51 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
         tiles = weight_tiles(config, plan)
         body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
         return {"body": body, "no_scratch": tiles["packed"], **tiles}
-    body = "depthwise.c.j2" if config.depthwise else "direct.c.j2"
-    return {"body": body, "pad_columns_below": pad_columns_below(config, plan),
-            "slide_rows": slide_rows(config, plan),
-            **direct_tiles(config, plan), **pointwise_ncx_tiles(config, plan)}
+    if config.depthwise:
+        return {"body": "depthwise.c.j2", "slide_rows": slide_rows(config, plan),
+                "pad_columns_below": pad_columns_below(config, plan),
+                **direct_tiles(config, plan), **pointwise_ncx_tiles(config, plan)}
+    tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
+    second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
+                                     ncx.get("ncx_tiles", []))
+    return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
+            "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx}
+
+
+# Compile time of a direct kernel's code besides its tiles, and of each tile on top of
+# its accumulators (rows x vectors, twice that with the odd partial sums of small tiles),
+# in units of one accumulator: to balance the two objects a lazy build compiles at once
+# (fit to GCC 12's times for the parts of ResNet-50 kernels compiled alone, Zen 4: about
+# 1 ms a unit). Channels-first kernels carry their transposes.
+BASE_COST = {"NXC": 150, "NCX": 330}
+TILE_COST = 30
+
+
+def split_tiles(data_format: str, tiles: list[tuple[int, int]],
+                ncx_tiles: list[tuple[int, int]],
+                ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The tiles a direct kernel's second object defines (see functions.h.j2): the
+    costliest first, each to the object with less to compile so far."""
+    def cost(tile: tuple[int, int]) -> int:
+        accumulators = tile[0] * tile[1]
+        return TILE_COST + accumulators * (2 if accumulators < 8 else 1)
+
+    load = [BASE_COST[data_format], 0]
+    second: list[tuple[str, tuple[int, int]]] = []
+    named = [("tile", t) for t in tiles] + [("ncx", t) for t in ncx_tiles]
+    for kind, tile in sorted(named, key=lambda n: -cost(n[1])):
+        part = int(load[1] < load[0])
+        load[part] += cost(tile)
+        if part:
+            second.append((kind, tile))
+    return ([t for kind, t in second if kind == "tile"],
+            [t for kind, t in second if kind == "ncx"])
+
+
+def compile_parts(config: KernelConfig, plan: Mapping[str, int] | None = None) -> int:
+    """How many objects a build of this kernel (of `plan`, default the rules') may
+    compile at once (functions.h.j2)."""
+    return 2 if _body(config, plan or EMPTY_PLAN)["body"] == "direct.c.j2" else 1
 
 
 def transpose_masks(lanes: int) -> dict[int, tuple[list[int], list[int]]]:

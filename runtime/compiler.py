@@ -70,32 +70,48 @@ def compiler_identity() -> str:
 
 
 def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = True,
-                    extra: tuple[str, ...] = ()) -> None:
+                    extra: tuple[str, ...] = (), parts: int = 1) -> None:
     """Compiles C sources into a shared library (or, with shared=False, one object);
-    `extra` flags (a precompiled prelude) do not change what is built."""
+    `extra` flags (a precompiled prelude) do not change what is built. `parts` > 1 (a
+    shared library of one kernel whose tiles carry IN_PART guards, functions.h.j2):
+    that many compilations with -DCONVGRAD_PART=0, 1, ... run at once, then one link."""
     flags = compile_flags(isa)
     if not shared:
         flags = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
-    _run([*compiler_command(), *flags, *extra, "-o", str(output), *map(str, sources)],
-         sources)
+    if parts == 1 or not shared:
+        _run([[*compiler_command(), *flags, *extra, "-o", str(output),
+               *map(str, sources)]], sources)
+        return
+    objects = [output.with_name(f"{output.name}.part{part}.o") for part in range(parts)]
+    compile_only = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
+    _run([[*compiler_command(), *compile_only, f"-DCONVGRAD_PART={part}", *extra,
+           "-o", str(obj), *map(str, sources)] for part, obj in enumerate(objects)], sources)
+    link_shared(objects, output, isa)
+    for obj in objects:
+        obj.unlink(missing_ok=True)
 
 
 def link_shared(objects: list[Path], output: Path, isa: str) -> None:
     """Links compiled objects into one shared library."""
-    _run([*compiler_command(), *compile_flags(isa), "-o", str(output),
-          *map(str, objects)], objects)
+    _run([[*compiler_command(), *compile_flags(isa), "-o", str(output),
+           *map(str, objects)]], objects)
 
 
 def archive(objects: list[Path], output: Path) -> None:
     """A static library of compiled objects ($AR, default `ar`)."""
-    _run([*shlex.split(os.environ.get("AR", "").strip() or "ar"), "rcs", str(output),
-          *map(str, objects)], objects)
+    _run([[*shlex.split(os.environ.get("AR", "").strip() or "ar"), "rcs", str(output),
+           *map(str, objects)]], objects)
 
 
-def _run(command: list[str], sources: list[Path]) -> None:
+def _run(commands: list[list[str]], sources: list[Path]) -> None:
+    """Runs the commands at once; a CompileError with the first failure's output."""
     compiler_identity()  # a clear error if there is no compiler
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise CompileError(
-            f"compiling {', '.join(map(str, sources))} failed ({shlex.join(command)}):\n"
-            f"{result.stderr.strip()}")
+    running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for command in commands]
+    results = [(command, *process.communicate(), process.returncode)
+               for command, process in zip(commands, running, strict=True)]
+    for command, _, stderr, returncode in results:
+        if returncode != 0:
+            raise CompileError(
+                f"compiling {', '.join(map(str, sources))} failed ({shlex.join(command)}):\n"
+                f"{stderr.strip()}")

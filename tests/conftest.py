@@ -1,5 +1,5 @@
-"""Test setup: a kernel cache the tests own, and no ahead-of-time kernels unless a
-test asks for them."""
+"""Test setup: a kernel cache the tests own, no ahead-of-time kernels unless a test
+asks for them, and kernels compiled in one part unless a test asks for two."""
 
 import os
 from pathlib import Path
@@ -9,6 +9,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("CONVGRAD_CACHE_DIR", str(ROOT / ".pytest_cache" / "convgrad-kernels"))
 os.environ["CONVGRAD_AOT_PATH"] = ""
+# Two test workers keep both cores compiling: a kernel compiled in two parts at once
+# would only add CPU time. test_cache.py builds kernels in two parts.
+os.environ.setdefault("CONVGRAD_BUILD_JOBS", "1")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -235,3 +235,53 @@ def test_entries_of_several_compilers(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, check=True)
     assert "2 kernels" in show.stdout
     assert str(spy) in show.stdout and f"{shutil.which('cc')}: " in show.stdout
+
+
+def _args_spy(folder: Path) -> tuple[Path, Path]:
+    """A CC that logs its arguments, one line per run, then compiles."""
+    log, spy = folder / "commands.log", folder / "cc-args"
+    spy.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec cc "$@"\n')
+    spy.chmod(0o755)
+    return spy, log
+
+
+def _parts(log: Path) -> list[str]:
+    """The CONVGRAD_PART of each compile that had one."""
+    return sorted(line.split("-DCONVGRAD_PART=")[1][0]
+                  for line in log.read_text().splitlines() if "-DCONVGRAD_PART=" in line)
+
+
+@pytest.mark.parametrize("isa", convgrad.cpu.available_isas())
+def test_data_kernels_built_in_two_parts_are_exact(fresh_cache, monkeypatch, isa):
+    """CONVGRAD_BUILD_JOBS=2: a data kernel's tiles are split between two objects
+    compiled at once (-DCONVGRAD_PART=0 and 1) and linked; weight kernels stay whole."""
+    spy, log = _args_spy(fresh_cache.parent)
+    monkeypatch.setenv("CC", str(spy))
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    monkeypatch.setenv("CONVGRAD_BUILD_JOBS", "2")
+    cases = [  # direct tiles (strided, padded); pointwise NCX tiles; rounding tiles
+        make_case("ConvolutionBackwardData", spatial=(5, 6), kernel=(3, 3), in_channels=37,
+                  out_channels=9, attrs=dict(strides=2, pads_begin=1, output_padding=1)),
+        make_case("ConvTransposeBackwardData", spatial=(12, 12), kernel=(1, 1),
+                  in_channels=13, out_channels=20, data_format="NCX", seed=1),
+        make_case("ConvolutionBackwardData", spatial=(4, 5), kernel=(2, 3), in_channels=18,
+                  out_channels=6, dtype="bf16", seed=2),
+        make_case("ConvolutionBackwardWeights", spatial=(6, 6), kernel=(3, 3),
+                  in_channels=5, out_channels=7, seed=3),
+    ]
+    for case in cases:
+        assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
+    assert _parts(log) == ["0", "0", "0", "1", "1", "1"]  # the three data kernels
+
+
+def test_one_build_job_compiles_kernels_whole(fresh_cache, monkeypatch):
+    spy, log = _args_spy(fresh_cache.parent)
+    monkeypatch.setenv("CC", str(spy))
+    monkeypatch.setenv("CONVGRAD_BUILD_JOBS", "1")
+    case = make_case("ConvolutionBackwardData", spatial=(5, 4), kernel=(3, 2), in_channels=11,
+                     out_channels=3, attrs=dict(pads_begin=1), seed=4)
+    assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
+    assert log.exists() and _parts(log) == []
+    monkeypatch.setenv("CONVGRAD_BUILD_JOBS", "two")
+    with pytest.raises(ValueError, match="CONVGRAD_BUILD_JOBS"):
+        cache.build_jobs()

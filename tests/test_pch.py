@@ -77,9 +77,9 @@ def test_first_compile_does_not_wait_and_later_ones_use_it(fresh_cache, monkeypa
     used = []
     real_compile = pch.compile_objects
 
-    def spy(sources, output, isa, shared=True, extra=()):
+    def spy(sources, output, isa, shared=True, extra=(), parts=1):
         used.append(extra)
-        real_compile(sources, output, isa, shared=shared, extra=extra)
+        real_compile(sources, output, isa, shared=shared, extra=extra, parts=parts)
 
     monkeypatch.setattr(pch, "compile_objects", spy)
     monkeypatch.setattr(pch, "_builds", {})
