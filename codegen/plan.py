@@ -125,6 +125,13 @@ ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12, "neo
 MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neon": 4,
                     "sve256": 4}
 MAX_TILE_ROWS = 14
+# A tuner candidate beyond the rules' vector block: on avx2, data-gradient tiles of 3
+# pixels x 4 vectors (3 broadcasts and 4 weight loads per 12 multiply-adds, the blocking
+# of oneDNN's AVX2 kernels) beat the rules' 4 x 3 on wide images and lose on 7-pixel
+# rows (Zen 4, 1 thread, vs 4 x 3: res2a_branch2b 3x3 on 56x56 +8%, res2b_branch2a
+# 1x1 +27%, res5a_branch2b 3x3 on 7x7 -16%). The width is a run-time size: the tuner,
+# which times the caller's sizes, chooses.
+WIDE_VECTOR_BLOCK = {"avx2": 4}
 LAST_TILE_EXTRA_ROWS = 2
 # A run of exactly one pixel more than a tile's height is one tile where the accumulators
 # fit in this many of 32 registers (one may spill: cheaper than a second, short tile).
@@ -599,6 +606,8 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
         return found
     tiles = direct_tiles(config)
     found = [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa] - 1, 1, -1)]
+    if isa in WIDE_VECTOR_BLOCK and not config.depthwise:
+        found.insert(0, {"vec_block": WIDE_VECTOR_BLOCK[isa]})
     if config.depthwise:
         if config.strides[-1] == 1 and config.kernel[-1] > 1:
             found.append({"slide": int(not slide_rows(config))})
