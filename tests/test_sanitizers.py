@@ -64,7 +64,8 @@ CHILD = textwrap.dedent("""
 
 # Long reductions: many partial sums per tile, split inside rows and taps; then the other
 # plans: packed panels, pixel slices, padded columns.
-LONG_REDUCTIONS = textwrap.dedent("""
+LONG_REDUCTIONS = {  # two halves, so that both test workers share them
+    "sums-and-weights": textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from cases import make_case
@@ -94,6 +95,13 @@ LONG_REDUCTIONS = textwrap.dedent("""
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
                            data_format=fmt, dtype=dtype), num_threads=5)
+    print("ok")
+"""),
+    "data-and-dot": textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {tests!r})
+    from cases import make_case
+    from test_ops import run_case
     for width in (7, 40):  # padded columns and a long tile; runs cut at the edges
         run_case(make_case("ConvolutionBackwardData", spatial=(5, width), kernel=(2, 3),
                            in_channels=70, out_channels=70, batch=2,
@@ -112,7 +120,8 @@ LONG_REDUCTIONS = textwrap.dedent("""
                                 data_format="NCX"), {{"ncx_dot": 1}},
                       convgrad.cpu.available_isas()[0], 2)
     print("ok")
-""")
+"""),
+}
 
 
 def _run_sanitized(script: str) -> subprocess.CompletedProcess:
@@ -133,7 +142,8 @@ def test_random_configurations_under_sanitizers(seed):
 
 
 @pytest.mark.skipif(ASAN is None or UBSAN is None, reason="needs gcc's libasan and libubsan")
-def test_long_reductions_under_sanitizers():
-    result = _run_sanitized(LONG_REDUCTIONS.format(tests=str(ROOT / "tests")))
+@pytest.mark.parametrize("half", sorted(LONG_REDUCTIONS))
+def test_long_reductions_under_sanitizers(half):
+    result = _run_sanitized(LONG_REDUCTIONS[half].format(tests=str(ROOT / "tests")))
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.strip() == "ok"
