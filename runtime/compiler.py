@@ -76,14 +76,12 @@ def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = 
     shared library of one kernel whose tiles carry IN_PART guards, functions.h.j2):
     that many compilations with -DCONVGRAD_PART=0, 1, ... run at once, then one link."""
     flags = compile_flags(isa)
-    if not shared:
-        flags = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
+    compile_only = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
     if parts == 1 or not shared:
-        _run([[*compiler_command(), *flags, *extra, "-o", str(output),
-               *map(str, sources)]], sources)
+        _run([[*compiler_command(), *(flags if shared else compile_only), *extra,
+               "-o", str(output), *map(str, sources)]], sources)
         return
     objects = [output.with_name(f"{output.name}.part{part}.o") for part in range(parts)]
-    compile_only = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
     _run([[*compiler_command(), *compile_only, f"-DCONVGRAD_PART={part}", *extra,
            "-o", str(obj), *map(str, sources)] for part, obj in enumerate(objects)], sources)
     link_shared(objects, output, isa)
