@@ -16,7 +16,10 @@ os.environ.setdefault("CONVGRAD_BUILD_JOBS", "1")
 
 def pytest_collection_modifyitems(config, items):
     """Heavy sweeps (marked slow) are deselected, not skipped, unless CONVGRAD_SLOW_TESTS=1:
-    the default run reports them apart from tests that could not run."""
+    the default run reports them apart from tests that could not run. The sanitizer
+    tests (1-2 minutes each) go first, so that test workers fill the time around them
+    instead of running them alone at the end."""
+    items.sort(key=lambda item: item.path.name != "test_sanitizers.py")  # stable
     if os.environ.get("CONVGRAD_SLOW_TESTS") == "1":
         return
     slow = [item for item in items if "slow" in item.keywords]
