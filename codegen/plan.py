@@ -24,7 +24,7 @@ PLAN_CHOICES = {
     "weight_chunk_kb": "data gradients: KB of weights per pass over the image",
     "pad_columns": "data gradients: 0 keeps runs cut at the edges, 1 pads narrow rows",
     "point_vb_inner": "1x1 data gradients: 1 runs a pixel block's vector blocks together",
-    "ncx_in_place": "1x1 NCX f32 data gradients: 0 transposes instead",
+    "ncx_in_place": "1x1 NCX f32 data gradients: 1 reads NCX in place, 0 transposes",
     "slide": "depthwise data gradients: 1 uses sliding tiles where stride 1 allows",
     "packed": "weight gradients: 1 copies chunks into panels, 0 reads in place",
     "ncx_dot": "NCX f32 weight gradients with stride 1 along w: 1 packs runs of pixels of "
@@ -409,20 +409,27 @@ def depthwise_weight_rows(config: KernelConfig) -> dict:
 
 # Channels-first f32 1x1 data gradients (stride 1, no pads) read and write NCX in place:
 # tiles of NCX_ROWS output channels x NCX_VECS pixel vectors, on images of at least
-# NCX_MIN_PIXELS pixels (smaller ones transpose: whole vectors no longer dominate).
+# NCX_MIN_PIXELS pixels (smaller ones transpose: whole vectors no longer dominate) and
+# with at most NCX_MAX_REDUCED reduced channels: a tile reads a strided row per reduced
+# channel, and 1024 of them no longer stay in L1 (ResNet-50 res4a_branch2c, 1024 -> 256
+# channels on 14x14, ratio to PyTorch in place -> transposed, the tuner's choice on every
+# run: Zen 3 avx2 0.70 -> 0.83 (1 thread), 0.75 -> 0.85 (2); Zen 4 avx2 0.85 -> 0.98,
+# 0.89 -> 0.97; Zen 4 avx512 1.05 -> 1.09. Layers reducing 64-512 kept in place).
 NCX_ROWS = {"avx512bf16": 6, "avx512": 6, "avx2": 4, "portable": 4, "neon": 6, "sve256": 6}
 NCX_VECS = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neon": 4, "sve256": 4}
 NCX_MIN_PIXELS = 128
+NCX_MAX_REDUCED = 512
 
 
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The channels-first pointwise plan of a data gradient (fwd, bwd_data), or none."""
     tiles = direct_tiles(config)
+    reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
     if not (tiles["pointwise"] and config.data_format == "NCX" and config.dtype == "f32"
-            and not config.depthwise and plan.get("ncx_in_place", True)):
+            and not config.depthwise
+            and plan.get("ncx_in_place", reduced <= NCX_MAX_REDUCED)):
         return {"pointwise_ncx": False}
     out_channels = config.vector_channels
-    reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
     rows = min(NCX_ROWS[config.isa], out_channels)
     last = out_channels - (-(-out_channels // rows) - 1) * rows
     vecs = NCX_VECS[config.isa]
@@ -616,8 +623,8 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
         found.append({"pad_columns": int(not pad_columns_below(config))})
     if tiles["pointwise"]:
         found.append({"point_vb_inner": int(not tiles["point_vb_inner"])})
-    if pointwise_ncx_tiles(config)["pointwise_ncx"]:
-        found.append({"ncx_in_place": 0})
+    if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:
+        found.append({"ncx_in_place": int(not pointwise_ncx_tiles(config)["pointwise_ncx"])})
     found += [{"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 // 4},
               {"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 * 4}]
     return found

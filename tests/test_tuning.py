@@ -66,6 +66,21 @@ def test_candidates_render_different_kernels(isa):
     assert "Plan (tuned" in render(configs[0], candidates(configs[0])[1])
 
 
+def test_long_reductions_transpose_ncx_pointwise():
+    """1x1 NCX data gradients reducing over more than 512 channels transpose by rule,
+    and the tuner offers the in-place plan; up to 512 the rule reads in place."""
+    from convgrad.codegen.plan import pointwise_ncx_tiles
+
+    for isa in ("avx512", "avx2"):
+        long = _config("bwd_data", (1, 1), 256, 1024, "NCX", isa=isa)
+        assert not pointwise_ncx_tiles(long)["pointwise_ncx"]
+        assert {"ncx_in_place": 1} in candidates(long)
+        assert pointwise_ncx_tiles(long, {"ncx_in_place": 1})["pointwise_ncx"]
+        short = _config("bwd_data", (1, 1), 1024, 512, "NCX", isa=isa)
+        assert pointwise_ncx_tiles(short)["pointwise_ncx"]
+        assert {"ncx_in_place": 0} in candidates(short)
+
+
 def test_plans_are_checked():
     with pytest.raises(ValueError, match="unknown plan choices"):
         check_plan({"tile_width": 3})
