@@ -192,6 +192,14 @@ PARTIAL_PRODUCTS_WEIGHTS = 64
 # tile: 88.9 -> 97.2).
 PAD_COLUMNS_PER_TAP = 8
 
+# 1x1 stride-1 data gradients run all the vector blocks of a block of pixels together
+# (the input read once) while their weights take at most this; larger weights go vector
+# block by vector block over all pixels. 1 MB weights (1024 <-> 256 channels) gain
+# together: ResNet-50 res4a_branch2c / res4b_branch2a at batch 8, pair ratios on Zen 3
+# avx2 1.13 / 1.04 (1 thread), 1.02 / 1.08 (2); the AOT tuner's pick on Zen 3 avx2
+# (1.12, 1.30) and Zen 4 avx512 (1.12, 1.20). 4 MB (2048 <-> 512) lose: 0.92-0.98.
+POINT_VB_INNER_BYTES = 1024 * 1024
+
 # Tap loops longer than this stay loops instead of being unrolled.
 MAX_UNROLLED_TAPS = 16
 
@@ -267,11 +275,12 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "pointwise": all(k == 1 for k in config.kernel) and all(
                 s == 1 for s in config.strides),
             # ...and runs the vector blocks of a block of pixels together where all the
-            # weights stay in L2 (Zen 4 avx2, 1x1 64<-256: 51 -> 81 GFLOP/s), else each
-            # vector block over all pixels (avx512 2 threads, 2048<-512: 153 -> 198)
+            # weights take at most POINT_VB_INNER_BYTES (Zen 4 avx2, 1x1 64<-256: 51 -> 81
+            # GFLOP/s), else each vector block over all pixels (avx512 2 threads,
+            # 2048<-512, 4 MB: 153 -> 198)
             "point_vb_inner": bool(plan.get(
                 "point_vb_inner",
-                config.groups * vectors * lanes * chunk * elem_bytes <= WEIGHT_CHUNK_BYTES))}
+                config.groups * vectors * lanes * chunk * elem_bytes <= POINT_VB_INNER_BYTES))}
 
 
 def _weight_sums_bytes(config: KernelConfig) -> int:
