@@ -125,12 +125,14 @@ ACCUMULATORS = {"avx512bf16": 27, "avx512": 27, "avx2": 12, "portable": 12, "neo
 MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neon": 4,
                     "sve256": 4}
 MAX_TILE_ROWS = 14
-# A tuner candidate beyond the rules' vector block: on avx2, data-gradient tiles of 3
-# pixels x 4 vectors (3 broadcasts and 4 weight loads per 12 multiply-adds, the blocking
-# of oneDNN's AVX2 kernels) beat the rules' 4 x 3 on wide images and lose on 7-pixel
-# rows (Zen 4, 1 thread, vs 4 x 3: res2a_branch2b 3x3 on 56x56 +8%, res2b_branch2a
-# 1x1 +27%, res5a_branch2b 3x3 on 7x7 -16%). The width is a run-time size: the tuner,
-# which times the caller's sizes, chooses.
+# A wider vector block: on avx2, data-gradient tiles of 3 pixels x 4 vectors (3
+# broadcasts and 4 weight loads per 12 multiply-adds, the blocking of oneDNN's AVX2
+# kernels) beat the rules' 4 x 3 on wide images and lose on 7-pixel rows (Zen 4, 1
+# thread, vs 4 x 3: res2a_branch2b 3x3 on 56x56 +8%, res2b_branch2a 1x1 +27%,
+# res5a_branch2b 3x3 on 7x7 -16%). The width is a run-time size, so for other kernels
+# it is a tuner candidate; but 1x1 stride-1 layers run every pixel of the batch as one
+# long run, and take it by rule (Zen 3, batch 8, pair ratios over ResNet-50's nine such
+# layers: geomean 1.06 on 1 thread, 1.08 on 2, from 0.98 to 1.28).
 WIDE_VECTOR_BLOCK = {"avx2": 4}
 # 1x1 weight gradients on avx2 take tiles of 6 input channels x 2 vectors rather than
 # 4 x 3. Zen 3, batch 8, pair ratios 2 vectors / 3 over ResNet-50's 12 1x1 layers, NXC:
@@ -239,7 +241,11 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     lanes = VECTOR_LANES[config.isa]
     channels = config.vector_channels
     vectors = -(-channels // lanes)
-    block = min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]))
+    pointwise = all(k == 1 for k in config.kernel) and all(s == 1 for s in config.strides)
+    rule = MAX_VECTOR_BLOCK[config.isa]
+    if pointwise and not config.depthwise:
+        rule = WIDE_VECTOR_BLOCK.get(config.isa, rule)
+    block = min(vectors, plan.get("vec_block", rule))
     last = vectors - (-(-vectors // block) - 1) * block
     rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block,
                       plan.get("tile_rows", MAX_TILE_ROWS)))
@@ -272,8 +278,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "long_tile": long_tile,
             "reduce_chunk": chunk, "partial_steps": partial_steps(config),
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
-            "pointwise": all(k == 1 for k in config.kernel) and all(
-                s == 1 for s in config.strides),
+            "pointwise": pointwise,
             # ...and runs the vector blocks of a block of pixels together where all the
             # weights take at most POINT_VB_INNER_BYTES (Zen 4 avx2, 1x1 64<-256: 51 -> 81
             # GFLOP/s), else each vector block over all pixels (avx512 2 threads,
@@ -631,9 +636,9 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
             found.append({"max_slices": 1})
         return found
     tiles = direct_tiles(config)
-    found = [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa] - 1, 1, -1)]
-    if isa in WIDE_VECTOR_BLOCK and not config.depthwise:
-        found.insert(0, {"vec_block": WIDE_VECTOR_BLOCK[isa]})
+    blocks = [WIDE_VECTOR_BLOCK[isa]] if isa in WIDE_VECTOR_BLOCK and not config.depthwise else []
+    found = [{"vec_block": b} for b in [*blocks, *range(MAX_VECTOR_BLOCK[isa], 1, -1)]
+             if b != tiles["vec_block"]]
     if config.depthwise:
         if config.strides[-1] == 1 and config.kernel[-1] > 1:
             found.append({"slide": int(not slide_rows(config))})
