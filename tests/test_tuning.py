@@ -81,6 +81,16 @@ def test_long_reductions_transpose_ncx_pointwise():
         assert {"ncx_in_place": 0} in candidates(short)
 
 
+def test_avx2_vector_blocks_stay_candidates():
+    """Where the avx2 rules take another vector block for 1x1 layers (3 x 4 data tiles,
+    6 x 2 weight tiles), the usual 3-vector block is a candidate, and the wide data
+    block one for the other layers."""
+    assert {"vec_block": 3} in candidates(_config("bwd_data", (1, 1), 256, 64, isa="avx2"))
+    assert {"vec_block": 3} in candidates(_config("bwd_weights", (1, 1), 256, 128,
+                                                  isa="avx2"))
+    assert {"vec_block": 4} in candidates(_config("bwd_data", (3, 3), 64, 64, isa="avx2"))
+
+
 def test_plans_are_checked():
     with pytest.raises(ValueError, match="unknown plan choices"):
         check_plan({"tile_width": 3})
