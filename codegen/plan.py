@@ -186,6 +186,16 @@ IN_PLACE_MIN_CIN = {16: 1, 8: 128}
 # with 64, at most 1.39 x on every layer and path, for ~1-2% of their speed (Zen 4).
 PARTIAL_PRODUCTS = 128
 PARTIAL_PRODUCTS_WEIGHTS = 64
+# A data gradient's reduction of fewer than 3 x 128 products per output still splits
+# into PARTIAL_CHAINS chains of at least MIN_PARTIAL_PRODUCTS: one chain of 96 products
+# (1-D, kernel 3, 32 channels) erred 4.5e-7 against float64 where PyTorch on Zen 3 errs
+# 1.5e-7 (its GEMM sums each tap apart), three chains of 32 2.2e-7; ResNet-50's
+# res2a_branch1 (1x1, 256 products) 4.6e-7 in two chains against PyTorch's 2.3e-7, 3.3e-7
+# in three. 1x1 kernels of at most 128 products keep one chain: there each flush re-reads
+# the output, which costs more than the multiply-adds between (ResNet-50's 64- and
+# 128-channel 1x1 layers, Zen 3 avx2: 0.62-0.91 of the speed with chains of 32-43).
+PARTIAL_CHAINS = 3
+MIN_PARTIAL_PRODUCTS = 32
 
 # Data gradients copy their input with zero columns where the outputs are narrower than
 # PAD_COLUMNS_PER_TAP x the kernel's w extent: every column then sees every w tap, so a
@@ -231,7 +241,14 @@ def partial_steps(config: KernelConfig) -> int:
     """Multiply steps a register takes before its sum joins the running total in memory,
     in a fixed order (short chains keep long reductions accurate); a vdpbf16ps step
     adds two products."""
-    products = PARTIAL_PRODUCTS_WEIGHTS if config.family == "bwd_weights" else PARTIAL_PRODUCTS
+    if config.family == "bwd_weights":
+        products = PARTIAL_PRODUCTS_WEIGHTS
+    else:
+        reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
+        taps = prod(config.kernel)
+        total = reduced * taps  # products per output
+        chains = PARTIAL_CHAINS if taps > 1 or total > PARTIAL_PRODUCTS else 1
+        products = min(PARTIAL_PRODUCTS, max(MIN_PARTIAL_PRODUCTS, -(-total // chains)))
     return products // 2 if uses_bf16_dot(config) else products
 
 

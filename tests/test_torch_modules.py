@@ -177,9 +177,10 @@ def check_module(rank, factory, dtype_name, channels_last, seed=0):
         assert o.dtype == dtype and o.shape == w.shape, name
         error = (o.double() - w).abs()
         assert torch.all(error <= b), f"{name}: worst {(error / b).max():.2f} x the bound"
-        # torch.nn's CPU f16 transposed convolution errs up to 1.44 x the bound (it
-        # rounds to f16 before the end): its f16 results are held to 4 x the bound.
-        slack = 4 if dtype == torch.float16 else 1
+        # torch.nn's own results are held to 4 x the bound: its CPU f16 transposed
+        # convolution errs up to 1.44 x (it rounds to f16 before the end), and on a CPU
+        # without AVX512-BF16 (Zen 3) its bf16 depthwise data gradients up to 1.82 x.
+        slack = 4
         assert torch.all((t.double() - w).abs() <= slack * b), \
             f"torch.nn's {name} beyond the bound"
 
