@@ -237,6 +237,11 @@ def uses_bf16_dot(config: KernelConfig) -> bool:
     return config.dtype == "bf16" and config.isa == "avx512bf16" and not config.depthwise
 
 
+def _reduced_channels(config: KernelConfig) -> int:
+    """Channels per group a data gradient (fwd, bwd_data) sums over at each tap."""
+    return config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
+
+
 def partial_steps(config: KernelConfig) -> int:
     """Multiply steps a register takes before its sum joins the running total in memory,
     in a fixed order (short chains keep long reductions accurate); a vdpbf16ps step
@@ -244,7 +249,7 @@ def partial_steps(config: KernelConfig) -> int:
     if config.family == "bwd_weights":
         products = PARTIAL_PRODUCTS_WEIGHTS
     else:
-        reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
+        reduced = _reduced_channels(config)
         taps = prod(config.kernel)
         total = reduced * taps  # products per output
         chains = PARTIAL_CHAINS if taps > 1 or total > PARTIAL_PRODUCTS else 1
@@ -276,7 +281,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     tiles = list(dict.fromkeys([*((r, block) for r in range(rows, 0, -1)),
                                 *((r, last) for r in range(rows_last, 0, -1))]))
     # Reduced channels per pass: that chunk's weights for every tap stay in L2.
-    reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
+    reduced = _reduced_channels(config)
     taps = prod(config.kernel)
     elem_bytes = 2 if uses_bf16_dot(config) else 4
     chunk_bytes = plan.get("weight_chunk_kb", WEIGHT_CHUNK_BYTES // 1024) * 1024
@@ -464,7 +469,7 @@ NCX_MAX_REDUCED = 512
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The channels-first pointwise plan of a data gradient (fwd, bwd_data), or none."""
     tiles = direct_tiles(config)
-    reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
+    reduced = _reduced_channels(config)
     if not (tiles["pointwise"] and config.data_format == "NCX" and config.dtype == "f32"
             and not config.depthwise
             and plan.get("ncx_in_place", reduced <= NCX_MAX_REDUCED)):
