@@ -203,6 +203,18 @@ MIN_PARTIAL_PRODUCTS = 32
 # 3x3 on 14x14, 256 channels: 101.5 -> 110.1 GFLOP/s; on 7x7, 512 channels, with a long
 # tile: 88.9 -> 97.2).
 PAD_COLUMNS_PER_TAP = 8
+# ...unless more than this share of the padded row's multiply-adds (column x w tap) would
+# be by the zeros, as with dilated kernels on narrow rows (Zen 3 avx2, batch 8, pair
+# ratios unpadded / padded, 1 / 2 threads: 1-D kernel 3 dilation 6 on 19 columns, 21%
+# zeros, 1.11 / 1.17; 2-D dilation 3 and 4 on 11 columns 1.31 / 1.30 and 1.29 / 1.47;
+# ResNet-50's 14 and 7 columns, 5% and 10% zeros, 0.98 and 0.82).
+PAD_MAX_ZEROS_PERCENT = 10
+# The copy costs per input value, the gain is per multiply-add: padding is the rule only
+# where a value of the input feeds at least this many (taps x vectorised channels).
+# ResNeXt-101's 3-D 3x3x3 layer with 16 channels per group on 14x14 (432) ran 1.16 / 1.23
+# x faster unpadded; a 5x5 dilated stride-2 layer (1200) and ResNet-50's 3x3 layers
+# (2304, 4608) gain or break even padded (Zen 3 avx2, batch 8, 1 / 2 threads).
+PAD_MIN_FMAS = 1024
 
 # 1x1 stride-1 data gradients run all the vector blocks of a block of pixels together
 # (the input read once) while their weights take at most this; larger weights go vector
@@ -514,11 +526,13 @@ def slide_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> in
 
 
 def pad_columns_below(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
-    """Output widths below which a data gradient pads its input's rows (0: never). Not
-    depthwise layers: one load per multiply-add, the copy costs more than the one-pixel
-    tiles (Zen 4 avx512, 512 channels on 14x14: 32.9 GFLOP/s unpadded, 26.8 padded)."""
+    """Output widths below which a data gradient pads its input's rows (0: never). Only
+    where each copied value feeds at least PAD_MIN_FMAS multiply-adds; so not depthwise
+    layers: one load per multiply-add, the copy costs more than the one-pixel tiles
+    (Zen 4 avx512, 512 channels on 14x14: 32.9 GFLOP/s unpadded, 26.8 padded)."""
     extent = (config.kernel[-1] - 1) * config.dilations[-1]
-    if uses_bf16_dot(config) or not plan.get("pad_columns", not config.depthwise):
+    pays = not config.depthwise and prod(config.kernel) * config.vector_channels >= PAD_MIN_FMAS
+    if uses_bf16_dot(config) or not plan.get("pad_columns", pays):
         return 0
     return PAD_COLUMNS_PER_TAP * extent
 
@@ -537,11 +551,13 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     if config.depthwise:
         return {"body": "depthwise.c.j2", "slide_rows": slide_rows(config, plan),
                 "pad_columns_below": pad_columns_below(config, plan),
+                "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
                 **direct_tiles(config, plan), **pointwise_ncx_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
                                      ncx.get("ncx_tiles", []))
     return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
+            "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
             "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx}
 
 

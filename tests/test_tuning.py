@@ -91,6 +91,38 @@ def test_avx2_vector_blocks_stay_candidates():
     assert {"vec_block": 4} in candidates(_config("bwd_data", (3, 3), 64, 64, isa="avx2"))
 
 
+def _workspace_bytes(op, plan, **params):
+    case = make_case(op, **params)
+    a, b = case.inputs[:2]
+    problem = resolve(op, [a.shape, b.shape], case.attrs, None, "f32")
+    kernel = kernels.get_kernel(problem.config.with_isa(PATHS[0]), plan)
+    return kernel.workspace_size(kernels.dims_of(problem, 1))
+
+
+def test_narrow_rows_pad_by_rule():
+    """Data gradients pad narrow rows where each input value feeds at least
+    PAD_MIN_FMAS multiply-adds, and (decided at run time) at most
+    PAD_MAX_ZEROS_PERCENT of the padded row's multiply-adds are by zeros: a plain 3x3
+    on 7 columns (10% zeros) copies the padded input into its workspace, a dilation-3
+    3x3 on 11 columns (42% zeros) does not even when its plan asks for padding."""
+    from convgrad.codegen.plan import PAD_MIN_FMAS, pad_columns_below
+
+    assert pad_columns_below(_config("bwd_data", (3, 3), 512, 512, isa="avx2")) > 0
+    small = _config("bwd_data", (3, 3, 3), 16, 32, groups=16, isa="avx2")
+    assert PAD_MIN_FMAS > 27 * 16 and pad_columns_below(small) == 0
+    assert {"pad_columns": 1} in candidates(small)
+
+    op = "ConvolutionBackwardData"
+    plain = dict(spatial=(7, 7), kernel=(3, 3), in_channels=16, out_channels=8, batch=1,
+                 attrs=dict(pads_begin=1, pads_end=1))
+    padded, unpadded = (_workspace_bytes(op, {"pad_columns": p}, **plain) for p in (1, 0))
+    assert padded > unpadded
+    dilated = dict(plain, spatial=(7, 7), attrs=dict(pads_begin=1, pads_end=1,
+                                                     dilations=[3, 3]))
+    padded, unpadded = (_workspace_bytes(op, {"pad_columns": p}, **dilated) for p in (1, 0))
+    assert padded == unpadded
+
+
 def test_plans_are_checked():
     with pytest.raises(ValueError, match="unknown plan choices"):
         check_plan({"tile_width": 3})
