@@ -134,6 +134,12 @@ MAX_TILE_ROWS = 14
 # long run, and take it by rule (Zen 3, batch 8, pair ratios over ResNet-50's nine such
 # layers: geomean 1.06 on 1 thread, 1.08 on 2, from 0.98 to 1.28).
 WIDE_VECTOR_BLOCK = {"avx2": 4}
+# ...and so do the backward-data calls (stride 1 along w) whose rows have at least
+# WIDE_ROWS_MIN_COLUMNS columns: the run time then asks for a kernel of that plan
+# (sized_rules). Zen 3, batch 8, pair ratios 3 x 4 / 4 x 3 on 1 / 2 threads: ResNet-50
+# 3x3 on 56 columns (64 channels) 1.07 / 1.10, on 28 (128) 1.09 / 1.08; on 14 (256)
+# 0.96 / 0.94, on 7 (512) 0.86 / 0.84.
+WIDE_ROWS_MIN_COLUMNS = 28
 # 1x1 weight gradients on avx2 take tiles of 6 input channels x 2 vectors rather than
 # 4 x 3. Zen 3, batch 8, pair ratios 2 vectors / 3 over ResNet-50's 12 1x1 layers, NXC:
 # 0.99-1.13 (geomean 1.05 on 1 and on 2 threads), largest where 3-vector blocks leave a
@@ -690,6 +696,19 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
     found += [{"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 // 4},
               {"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 * 4}]
     return found
+
+
+def sized_rules(config: KernelConfig, columns: int) -> dict[str, int]:
+    """The rules' plan for a call of `config` whose results have rows of `columns`
+    pixels: the empty plan (the rules for any size) unless wide rows take
+    WIDE_VECTOR_BLOCK, where that changes the kernel."""
+    wide = WIDE_VECTOR_BLOCK.get(config.isa)
+    if (wide is None or config.family != "bwd_data" or config.depthwise
+            or config.strides[-1] != 1 or columns < WIDE_ROWS_MIN_COLUMNS):
+        return {}
+    plan = {"vec_block": wide}
+    changes = direct_tiles(config, plan)["vec_block"] != direct_tiles(config)["vec_block"]
+    return plan if changes else {}
 
 
 def candidates(config: KernelConfig) -> list[dict[str, int]]:

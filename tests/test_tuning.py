@@ -123,6 +123,41 @@ def test_narrow_rows_pad_by_rule():
     assert padded == unpadded
 
 
+def test_wide_rows_take_the_wide_block(monkeypatch):
+    """On avx2, backward-data calls whose rows have at least WIDE_ROWS_MIN_COLUMNS
+    pixels take 3 x 4 tiles (sized_rules), narrower ones the size-free rules: in a lazy
+    call, which stays exact, and in an AOT build of ResNet-50."""
+    from convgrad import aot
+    from convgrad.codegen.plan import WIDE_ROWS_MIN_COLUMNS, sized_rules
+
+    wide = {"vec_block": 4}
+    conv3x3 = _config("bwd_data", (3, 3), 64, 64, isa="avx2")
+    assert sized_rules(conv3x3, WIDE_ROWS_MIN_COLUMNS) == wide
+    assert sized_rules(conv3x3, WIDE_ROWS_MIN_COLUMNS - 1) == {}
+    for other in (_config("bwd_data", (3, 3), 64, 64, isa="avx512"),
+                  _config("bwd_data", (1, 1), 64, 64, isa="avx2"),  # 3 x 4 by rule already
+                  _config("bwd_weights", (3, 3), 64, 64, isa="avx2")):
+        assert sized_rules(other, 56) == {}
+
+    configs = aot.kernels_of(aot.read_layers([]), "avx2")
+    plans = aot.kernel_plans(configs, {})
+    by_columns = {users[0].resolve().result_columns: plans[c] for c, users in configs.items()
+                  if c.family == "bwd_data" and c.kernel == (3, 3)}
+    assert by_columns == {56: wide, 28: wide, 14: {}, 7: {}}
+
+    if "avx2" not in ISAS:
+        return
+    monkeypatch.setenv("CONVGRAD_ISA", "avx2")
+    op = "ConvolutionBackwardData"
+    case = make_case(op, spatial=(3, WIDE_ROWS_MIN_COLUMNS), kernel=(3, 3), in_channels=64,
+                     out_channels=24, attrs=dict(pads_begin=1, pads_end=1))
+    result = convgrad.execute(op, case.inputs, case.attrs)
+    np.testing.assert_array_equal(result, case.expected(result.dtype))
+    config = resolve(op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     "f32").config.with_isa("avx2")
+    assert [k.plan for k in kernels._loaded.values() if k.config == config] == [wide]
+
+
 def test_plans_are_checked():
     with pytest.raises(ValueError, match="unknown plan choices"):
         check_plan({"tile_width": 3})
