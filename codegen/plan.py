@@ -726,6 +726,13 @@ def candidates(config: KernelConfig) -> list[dict[str, int]]:
     return found
 
 
+def candidates_at(config: KernelConfig, columns: int) -> list[dict[str, int]]:
+    """The candidates a tuner times for calls whose results have rows of `columns`
+    pixels: the rules' plan for that size first (sized_rules), then the others."""
+    first = sized_rules(config, columns)
+    return [first, *(plan for plan in candidates(config) if plan != first)]
+
+
 def _spelling(config: KernelConfig, plan: Mapping[str, int]) -> str:
     """What a plan makes the templates spell (its render context but the names)."""
     context = render_context(config, "", plan)

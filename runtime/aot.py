@@ -34,7 +34,7 @@ from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
 from convgrad.codegen.plan import (
     ISA_FEATURES,
-    candidates,
+    candidates_at,
     check_plan,
     kernel_name,
     sized_rules,
@@ -121,7 +121,8 @@ def tune(layers: list[Layer], *, isa: str, jobs: int, threads: int,
     if isa not in available_isas():
         raise ValueError(f"--tune times kernels on this machine, which cannot run isa {isa}")
     configs = kernels_of(layers, isa)
-    pairs = [(config, plan) for config in configs for plan in candidates(config)]
+    pairs = [(config, plan) for config, users in configs.items()
+             for plan in candidates_at(config, representative(users).resolve().result_columns)]
     done = [0]
 
     def compiled_one() -> None:

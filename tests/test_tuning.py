@@ -126,14 +126,17 @@ def test_narrow_rows_pad_by_rule():
 def test_wide_rows_take_the_wide_block(monkeypatch):
     """On avx2, backward-data calls whose rows have at least WIDE_ROWS_MIN_COLUMNS
     pixels take 3 x 4 tiles (sized_rules), narrower ones the size-free rules: in a lazy
-    call, which stays exact, and in an AOT build of ResNet-50."""
+    call, which stays exact, in an AOT build of ResNet-50, and as a tuner's baseline."""
     from convgrad import aot
-    from convgrad.codegen.plan import WIDE_ROWS_MIN_COLUMNS, sized_rules
+    from convgrad.codegen.plan import WIDE_ROWS_MIN_COLUMNS, candidates_at, sized_rules
 
     wide = {"vec_block": 4}
     conv3x3 = _config("bwd_data", (3, 3), 64, 64, isa="avx2")
     assert sized_rules(conv3x3, WIDE_ROWS_MIN_COLUMNS) == wide
     assert sized_rules(conv3x3, WIDE_ROWS_MIN_COLUMNS - 1) == {}
+    # a tuner's baseline is the plan the untuned call runs; the size-free one competes
+    assert candidates_at(conv3x3, 56)[:1] == [wide] and {} in candidates_at(conv3x3, 56)
+    assert candidates_at(conv3x3, 14) == candidates(conv3x3)
     for other in (_config("bwd_data", (3, 3), 64, 64, isa="avx512"),
                   _config("bwd_data", (1, 1), 64, 64, isa="avx2"),  # 3 x 4 by rule already
                   _config("bwd_weights", (3, 3), 64, 64, isa="avx2")):
