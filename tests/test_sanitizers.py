@@ -102,11 +102,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     sys.path.insert(0, {tests!r})
     from cases import make_case
     from test_ops import run_case
-    for width in (7, 40):  # padded columns and a long tile; runs cut at the edges
+    # padded columns; a dilated narrow row cut at its edges (24% of the padded row's
+    # multiply-adds would be by zeros); wide rows (avx2: 3 x 4 tiles)
+    for width, channels, dilation in ((7, 180, 1), (7, 180, 2), (40, 70, 2)):
         run_case(make_case("ConvolutionBackwardData", spatial=(5, width), kernel=(2, 3),
-                           in_channels=70, out_channels=70, batch=2,
-                           attrs=dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 3],
-                                      pads_end=[0, 1])), num_threads=2)
+                           in_channels=channels, out_channels=70, batch=2,
+                           attrs=dict(strides=[2, 1], dilations=[1, dilation],
+                                      pads_begin=[1, 3], pads_end=[0, 1])), num_threads=2)
     for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):  # NCX 1x1 in place
         run_case(make_case(op, spatial=(12, 13), kernel=(1, 1), in_channels=70,
                            out_channels=37, batch=2, data_format="NCX"), num_threads=2)
