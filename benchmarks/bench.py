@@ -48,7 +48,6 @@ import convgrad
 from convgrad import api, kernels, tuning
 from convgrad.codegen import KernelConfig, generator_version
 from convgrad.codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn
-from convgrad.codegen.plan import sized_rules
 from convgrad.codegen.targets import host
 from convgrad.compiler import compile_objects, compiler_identity
 from convgrad.cpu import available_isas, cpu_model, selected_isa
@@ -431,10 +430,8 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
     begin = time.perf_counter()
     result = case.ours(threads[0])
     template.first_call_ms = (time.perf_counter() - begin) * 1e3
-    problem = case.layer.resolve()
-    config = problem.config.with_isa(selected_isa())
-    template.kernel_origin = kernels.get_kernel(
-        config, rules=sized_rules(config, problem.result_columns)).origin
+    config = case.layer.resolve().config.with_isa(selected_isa())
+    template.kernel_origin = kernels.get_kernel(config).origin
     if case.torch_call is not None:
         torch.set_num_threads(threads[0])
         try:

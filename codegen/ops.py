@@ -106,13 +106,6 @@ class Problem:
     output_shape: tuple[int, ...]
     swap_inputs: bool = False
 
-    @property
-    def result_columns(self) -> int:
-        """Pixels per row (along w) of the tensor a data kernel writes: diff_src for
-        backward data, dst for the forward kernels."""
-        spatial = self.src_spatial if self.config.family == "bwd_data" else self.dst_spatial
-        return spatial[-1]
-
 
 def _fail(op: str, what: str, value, expected: str, error=ValueError):
     raise error(f"{op}: {what} = {value!r} is invalid; expected {expected}")

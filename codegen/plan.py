@@ -127,19 +127,17 @@ MAX_VECTOR_BLOCK = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neo
 MAX_TILE_ROWS = 14
 # A wider vector block: on avx2, data-gradient tiles of 3 pixels x 4 vectors (3
 # broadcasts and 4 weight loads per 12 multiply-adds, the blocking of oneDNN's AVX2
-# kernels) beat the rules' 4 x 3 on wide images and lose on 7-pixel rows (Zen 4, 1
-# thread, vs 4 x 3: res2a_branch2b 3x3 on 56x56 +8%, res2b_branch2a 1x1 +27%,
-# res5a_branch2b 3x3 on 7x7 -16%). The width is a run-time size, so for other kernels
-# it is a tuner candidate; but 1x1 stride-1 layers run every pixel of the batch as one
-# long run, and take it by rule (Zen 3, batch 8, pair ratios over ResNet-50's nine such
-# layers: geomean 1.06 on 1 thread, 1.08 on 2, from 0.98 to 1.28).
+# kernels) instead of 4 x 3, where the vectorised channels are at most
+# WIDE_MAX_CHANNELS, and for 1x1 stride-1 layers (which run every pixel of the batch as
+# one long run). What decides is the channel count, not the row width: Zen 3, batch 8,
+# 1 thread, 3x3, pair ratios 3 x 4 / 4 x 3 (calls in shuffled order): 32 channels on
+# 56x56 1.23; 64 on 56x56, 14x14, 7x7 1.07-1.10, 1.12, 1.07; 96 on 28x28 1.05; 128 on
+# 28x28, 14x14, 7x7 1.08, 1.05, 0.97; 160 on 14x14 0.99; 192 on 28x28 1.01; 256 on
+# 56x56, 28x28, 14x14 1.02, 1.03, 0.96; 512 on 28x28 and 7x7 0.95 and 0.85, 1-D kernel 5
+# on 32 columns 0.93 (2 threads alike). 1x1 stride-1 layers: geomean 1.06 (1 thread),
+# 1.08 (2) over ResNet-50's nine, from 0.98 to 1.28.
 WIDE_VECTOR_BLOCK = {"avx2": 4}
-# ...and so do the backward-data calls (stride 1 along w) whose rows have at least
-# WIDE_ROWS_MIN_COLUMNS columns: the run time then asks for a kernel of that plan
-# (sized_rules). Zen 3, batch 8, pair ratios 3 x 4 / 4 x 3 on 1 / 2 threads: ResNet-50
-# 3x3 on 56 columns (64 channels) 1.07 / 1.10, on 28 (128) 1.09 / 1.08; on 14 (256)
-# 0.96 / 0.94, on 7 (512) 0.86 / 0.84.
-WIDE_ROWS_MIN_COLUMNS = 28
+WIDE_MAX_CHANNELS = 128
 # 1x1 weight gradients on avx2 take tiles of 6 input channels x 2 vectors rather than
 # 4 x 3. Zen 3, batch 8, pair ratios 2 vectors / 3 over ResNet-50's 12 1x1 layers, NXC:
 # 0.99-1.13 (geomean 1.05 on 1 and on 2 threads), largest where 3-vector blocks leave a
@@ -283,7 +281,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     vectors = -(-channels // lanes)
     pointwise = all(k == 1 for k in config.kernel) and all(s == 1 for s in config.strides)
     rule = MAX_VECTOR_BLOCK[config.isa]
-    if pointwise and not config.depthwise:
+    if not config.depthwise and (pointwise or channels <= WIDE_MAX_CHANNELS):
         rule = WIDE_VECTOR_BLOCK.get(config.isa, rule)
     block = min(vectors, plan.get("vec_block", rule))
     last = vectors - (-(-vectors // block) - 1) * block
@@ -698,19 +696,6 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
     return found
 
 
-def sized_rules(config: KernelConfig, columns: int) -> dict[str, int]:
-    """The rules' plan for a call of `config` whose results have rows of `columns`
-    pixels: the empty plan (the rules for any size) unless wide rows take
-    WIDE_VECTOR_BLOCK, where that changes the kernel."""
-    wide = WIDE_VECTOR_BLOCK.get(config.isa)
-    if (wide is None or config.family != "bwd_data" or config.depthwise
-            or config.strides[-1] != 1 or columns < WIDE_ROWS_MIN_COLUMNS):
-        return {}
-    plan = {"vec_block": wide}
-    changes = direct_tiles(config, plan)["vec_block"] != direct_tiles(config)["vec_block"]
-    return plan if changes else {}
-
-
 def candidates(config: KernelConfig) -> list[dict[str, int]]:
     """The plans a tuner times for this configuration: the default first, then up to
     MAX_CANDIDATES - 1 variations that each render different C."""
@@ -724,13 +709,6 @@ def candidates(config: KernelConfig) -> list[dict[str, int]]:
         if len(found) == MAX_CANDIDATES:
             break
     return found
-
-
-def candidates_at(config: KernelConfig, columns: int) -> list[dict[str, int]]:
-    """The candidates a tuner times for calls whose results have rows of `columns`
-    pixels: the rules' plan for that size first (sized_rules), then the others."""
-    first = sized_rules(config, columns)
-    return [first, *(plan for plan in candidates(config) if plan != first)]
 
 
 def _spelling(config: KernelConfig, plan: Mapping[str, int]) -> str:

@@ -32,13 +32,7 @@ from convgrad.cache import cache_dir, file_digest
 from convgrad.codegen import OPS, KernelConfig, generator_version, render
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
-from convgrad.codegen.plan import (
-    ISA_FEATURES,
-    candidates_at,
-    check_plan,
-    kernel_name,
-    sized_rules,
-)
+from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name
 from convgrad.codegen.render import render_header
 from convgrad.codegen.targets import Target
 from convgrad.compiler import (
@@ -121,8 +115,7 @@ def tune(layers: list[Layer], *, isa: str, jobs: int, threads: int,
     if isa not in available_isas():
         raise ValueError(f"--tune times kernels on this machine, which cannot run isa {isa}")
     configs = kernels_of(layers, isa)
-    pairs = [(config, plan) for config, users in configs.items()
-             for plan in candidates_at(config, representative(users).resolve().result_columns)]
+    pairs = [(config, plan) for config in configs for plan in candidates(config)]
     done = [0]
 
     def compiled_one() -> None:
@@ -158,27 +151,18 @@ def plans_from(records: list[dict], configs) -> dict[KernelConfig, dict]:
     return found
 
 
-def kernel_plans(configs: dict[KernelConfig, list[Layer]],
-                 tuned: dict[KernelConfig, dict]) -> dict[KernelConfig, dict]:
-    """Each kernel's plan: its tuned one where `tuned` has a record for it, else the
-    planner's rules for the sizes of its largest layer (plan.sized_rules)."""
-    return {c: check_plan(tuned[c]["plan"]) if c in tuned
-            else sized_rules(c, representative(users).resolve().result_columns)
-            for c, users in configs.items()}
-
-
 def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
           progress=None, tuned: dict[KernelConfig, dict] | None = None,
           target: Target | None = None) -> BuildResult:
     """Renders, compiles and links the kernels of `layers` into `output`, each with
-    its plan (kernel_plans).
+    its tuned plan where `tuned` has a record for it (else the planner's rules).
 
     The folder is written fully before its manifest, which is replaced
     atomically, so a reader never sees a manifest naming missing kernels."""
     started = time.perf_counter()
     configs = kernels_of(layers, isa)
     tuned = tuned or {}
-    plans = kernel_plans(configs, tuned)
+    plans = {c: check_plan(tuned[c]["plan"]) if c in tuned else {} for c in configs}
     # The ISA the kernels really use (avx512bf16 is avx512 for f32/f16 kernels): the
     # compile flags and the CPU features the manifest requires.
     isa = max((config.isa for config in configs), key=ISAS.index, default=isa)

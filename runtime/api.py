@@ -11,7 +11,6 @@ import numpy as np
 
 from convgrad import kernels, tuning
 from convgrad.codegen import OPS, Problem, resolve
-from convgrad.codegen.plan import sized_rules
 from convgrad.cpu import selected_isa
 from convgrad.kernels import get_kernel
 from convgrad.threads import check as _check_threads
@@ -142,8 +141,7 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
         return out
     threads = _threads_for_call(num_threads)
     plan = tuning.plan_for(problem, config, threads, tuning.mode(tune), (a, b))
-    kernel = get_kernel(config, plan, rules=None if plan is not None else sized_rules(
-        config, problem.result_columns))
+    kernel = get_kernel(config, plan)
     first, second = (b, a) if problem.swap_inputs else (a, b)
     dims = kernels.dims_of(problem, threads)
     kernels.call(kernel, problem, dims, first, second, out, _workspace(kernel.workspace_size(dims)))

@@ -139,29 +139,25 @@ def reset() -> None:
         _aot_index = None
 
 
-def get_kernel(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
-               rules: Mapping[str, int] | None = None) -> Kernel:
+def get_kernel(config: KernelConfig, plan: Mapping[str, int] | None = None) -> Kernel:
     """The kernel for `config`: already loaded, from an AOT build, or from the disk
     cache (compiled there first if needed). An AOT kernel for a lesser ISA this CPU
     runs is taken before compiling. `plan` None takes the AOT kernel whatever its plan
-    (a tuned build's), else the planner's rules: `rules`, the plan they chose for the
-    call's sizes (plan.sized_rules; default the empty plan). A given plan ({} for the
-    size-free rules) takes exactly that one."""
-    key = (config, None if plan is None else plan_key(plan),
-           plan_key(rules) if plan is None and rules else "")
+    (a tuned build's), else the planner's rules; a given plan ({} for the rules) takes
+    exactly that one."""
+    key = (config, None if plan is None else plan_key(plan))
     kernel = _loaded.get(key)
     if kernel is not None:
         return kernel
     with _lock:
         kernel = _loaded.get(key)
         if kernel is None:
-            kernel = _load(config, None if plan is None else check_plan(plan),
-                           check_plan(rules or {}))
+            kernel = _load(config, None if plan is None else check_plan(plan))
             _loaded[key] = kernel
         return kernel
 
 
-def _load(config: KernelConfig, plan: dict | None, rules: dict) -> Kernel:
+def _load(config: KernelConfig, plan: dict | None) -> Kernel:
     isas = available_isas()
     for isa in isas[isas.index(config.isa):] if config.isa in isas else [config.isa]:
         found = _aot_kernel(config.with_isa(isa))
@@ -169,7 +165,7 @@ def _load(config: KernelConfig, plan: dict | None, rules: dict) -> Kernel:
             library, name, aot_plan = found
             log.debug("%s: ahead-of-time kernel from %s", name, library)
             return Kernel(config.with_isa(isa), *_bind(name, library), "aot", library, aot_plan)
-    plan = rules if plan is None else plan
+    plan = plan or {}
     try:
         path, compiled = cache.build(config, plan)
     except CompilerNotFoundError as error:

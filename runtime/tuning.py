@@ -1,8 +1,8 @@
 """Empirical tuning: a layer's plan chosen by timing the planner's candidates on the
 machine and at the sizes that run it, then kept and reused, never timed again.
 
-Every kernel configuration has candidate plans (`convgrad.codegen.plan.candidates_at`:
-the planner's rule choice for the call's sizes first, then variations of tile shapes, vector blocks,
+Every kernel configuration has candidate plans (`convgrad.codegen.plan.candidates`:
+the planner's rule choice first, then variations of tile shapes, vector blocks,
 reduction chunks, loop orders, thread splits and algorithm variants). Every plan
 computes the same result; they differ in speed, by machine and by layer size.
 
@@ -40,13 +40,7 @@ from filelock import FileLock
 
 from convgrad import cache, kernels
 from convgrad.codegen import KernelConfig, Problem, generator_version
-from convgrad.codegen.plan import (
-    ISA_FEATURES,
-    candidates_at,
-    check_plan,
-    kernel_name,
-    plan_key,
-)
+from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name, plan_key
 from convgrad.codegen.targets import host
 from convgrad.cpu import cpu_model
 from convgrad.threads import get_num_threads
@@ -224,7 +218,7 @@ def tune_problem(problem: Problem, config: KernelConfig, threads: int,
                  plans: Sequence[dict] | None = None) -> dict:
     """Times the candidate plans of `config` at the problem's sizes on `threads`
     threads, on `arrays` (the op's two data inputs), and returns the winner's record."""
-    plans = list(plans) if plans is not None else candidates_at(config, problem.result_columns)
+    plans = list(plans) if plans is not None else candidates(config)
     compiled = compile_candidates([(config, plan) for plan in plans], jobs=jobs)
     return time_candidates(problem, config, threads, compiled, arrays,
                            min_time=min_time, rounds=rounds)
@@ -266,10 +260,9 @@ def time_candidates(problem: Problem, config: KernelConfig, threads: int,
                     compiled: Sequence[kernels.Kernel],
                     arrays: tuple[np.ndarray, np.ndarray], *,
                     min_time: float = 0.15, rounds: int = 3) -> dict:
-    """Times compiled candidates (the first is the rules' plan for the problem's
-    sizes) one after the other in `rounds` interleaved rounds after a warm-up, on
-    `arrays` (the op's data inputs); the record of the fastest, if `confirm` agrees
-    that it beats the rules' plan."""
+    """Times compiled candidates (the first is the rules' plan) one after the other in
+    `rounds` interleaved rounds after a warm-up, on `arrays` (the op's data inputs);
+    the record of the fastest, if `confirm` agrees that it beats the rules' plan."""
     global timings_run
     first, second = (arrays[1], arrays[0]) if problem.swap_inputs else arrays
     out = np.empty(problem.output_shape, dtype=first.dtype)

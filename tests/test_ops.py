@@ -731,19 +731,19 @@ def test_random_configurations(params):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_taller_tiles_for_a_narrower_last_vector_block(isa, dtype):
-    """88 input channels are 3 + 3 + 3 + 2 vectors of 8 (avx2) or 4 + 2 of 16 (avx512):
+    """136 input channels are 5 x 3 + 2 vectors of 8 (avx2) or 4 + 4 + 1 of 16 (avx512):
     the last block's tiles are taller (rule checked on the plan). Rows of 20 pixels fill
     them; 9 taps x 40 channels flush partial sums, and a small weight chunk makes later
     chunks add to earlier ones; bit for bit on 1 and 2 threads."""
     from convgrad.codegen.plan import direct_tiles
 
-    config = KernelConfig("bwd_data", (3, 3), (1, 1), (1, 1), 1, 88, 40, "NXC", "XIO", "f32",
-                          "avx2")
+    config = KernelConfig("bwd_data", (3, 3), (1, 1), (1, 1), 1, 136, 40, "NXC", "XIO",
+                          "f32", "avx2")
     tiles = direct_tiles(config)
     assert (tiles["vec_block"], tiles["vec_last"], tiles["tile_rows"],
             tiles["tile_rows_last"]) == (3, 2, 4, 6)
     assert (6, 2) in tiles["tiles"] and (5, 3) not in tiles["tiles"]
-    case = make_case("ConvolutionBackpropData", spatial=(3, 20), kernel=(3, 3), in_channels=88,
+    case = make_case("ConvolutionBackpropData", spatial=(3, 20), kernel=(3, 3), in_channels=136,
                      out_channels=40, batch=2, dtype=dtype, attrs=dict(pads_begin=1, pads_end=1))
     for plan in ({}, {"weight_chunk_kb": 4}):
         for threads in (1, 2):

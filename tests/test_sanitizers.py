@@ -103,7 +103,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     from cases import make_case
     from test_ops import run_case
     # padded columns; a dilated narrow row cut at its edges (24% of the padded row's
-    # multiply-adds would be by zeros); wide rows (avx2: 3 x 4 tiles)
+    # multiply-adds would be by zeros); wide rows with 70 channels (avx2: 3 x 4 tiles)
     for width, channels, dilation in ((7, 180, 1), (7, 180, 2), (40, 70, 2)):
         run_case(make_case("ConvolutionBackwardData", spatial=(5, width), kernel=(2, 3),
                            in_channels=channels, out_channels=70, batch=2,

@@ -82,13 +82,22 @@ def test_long_reductions_transpose_ncx_pointwise():
 
 
 def test_avx2_vector_blocks_stay_candidates():
-    """Where the avx2 rules take another vector block for 1x1 layers (3 x 4 data tiles,
-    6 x 2 weight tiles), the usual 3-vector block is a candidate, and the wide data
-    block one for the other layers."""
+    """Where the avx2 rules take another vector block (3 x 4 data tiles for 1x1 layers
+    and up to WIDE_MAX_CHANNELS vectorised channels, 6 x 2 weight tiles for 1x1 layers),
+    the usual 3-vector block is a candidate, and the wide data block one for the other
+    layers."""
+    from convgrad.codegen.plan import WIDE_MAX_CHANNELS, direct_tiles
+
+    few = _config("bwd_data", (3, 3), WIDE_MAX_CHANNELS, 64, isa="avx2")
+    many = _config("bwd_data", (3, 3), WIDE_MAX_CHANNELS + 8, 64, isa="avx2")
+    assert few.vector_channels == WIDE_MAX_CHANNELS
+    assert direct_tiles(few)["vec_block"] == 4 and direct_tiles(many)["vec_block"] == 3
+    assert direct_tiles(few.with_isa("avx512"))["vec_block"] == 4  # its own maximum
+    assert {"vec_block": 3} in candidates(few)
+    assert {"vec_block": 4} in candidates(many)
     assert {"vec_block": 3} in candidates(_config("bwd_data", (1, 1), 256, 64, isa="avx2"))
     assert {"vec_block": 3} in candidates(_config("bwd_weights", (1, 1), 256, 128,
                                                   isa="avx2"))
-    assert {"vec_block": 4} in candidates(_config("bwd_data", (3, 3), 64, 64, isa="avx2"))
 
 
 def _workspace_bytes(op, plan, **params):
@@ -121,44 +130,6 @@ def test_narrow_rows_pad_by_rule():
                                                      dilations=[3, 3]))
     padded, unpadded = (_workspace_bytes(op, {"pad_columns": p}, **dilated) for p in (1, 0))
     assert padded == unpadded
-
-
-def test_wide_rows_take_the_wide_block(monkeypatch):
-    """On avx2, backward-data calls whose rows have at least WIDE_ROWS_MIN_COLUMNS
-    pixels take 3 x 4 tiles (sized_rules), narrower ones the size-free rules: in a lazy
-    call, which stays exact, in an AOT build of ResNet-50, and as a tuner's baseline."""
-    from convgrad import aot
-    from convgrad.codegen.plan import WIDE_ROWS_MIN_COLUMNS, candidates_at, sized_rules
-
-    wide = {"vec_block": 4}
-    conv3x3 = _config("bwd_data", (3, 3), 64, 64, isa="avx2")
-    assert sized_rules(conv3x3, WIDE_ROWS_MIN_COLUMNS) == wide
-    assert sized_rules(conv3x3, WIDE_ROWS_MIN_COLUMNS - 1) == {}
-    # a tuner's baseline is the plan the untuned call runs; the size-free one competes
-    assert candidates_at(conv3x3, 56)[:1] == [wide] and {} in candidates_at(conv3x3, 56)
-    assert candidates_at(conv3x3, 14) == candidates(conv3x3)
-    for other in (_config("bwd_data", (3, 3), 64, 64, isa="avx512"),
-                  _config("bwd_data", (1, 1), 64, 64, isa="avx2"),  # 3 x 4 by rule already
-                  _config("bwd_weights", (3, 3), 64, 64, isa="avx2")):
-        assert sized_rules(other, 56) == {}
-
-    configs = aot.kernels_of(aot.read_layers([]), "avx2")
-    plans = aot.kernel_plans(configs, {})
-    by_columns = {users[0].resolve().result_columns: plans[c] for c, users in configs.items()
-                  if c.family == "bwd_data" and c.kernel == (3, 3)}
-    assert by_columns == {56: wide, 28: wide, 14: {}, 7: {}}
-
-    if "avx2" not in ISAS:
-        return
-    monkeypatch.setenv("CONVGRAD_ISA", "avx2")
-    op = "ConvolutionBackwardData"
-    case = make_case(op, spatial=(3, WIDE_ROWS_MIN_COLUMNS), kernel=(3, 3), in_channels=64,
-                     out_channels=24, attrs=dict(pads_begin=1, pads_end=1))
-    result = convgrad.execute(op, case.inputs, case.attrs)
-    np.testing.assert_array_equal(result, case.expected(result.dtype))
-    config = resolve(op, [x.shape for x in case.inputs[:2]], case.attrs, None,
-                     "f32").config.with_isa("avx2")
-    assert [k.plan for k in kernels._loaded.values() if k.config == config] == [wide]
 
 
 def test_plans_are_checked():
