@@ -99,6 +99,11 @@ class KernelConfig:
         return self.groups > 1 and self.cin_per_group == self.cout_per_group == 1
 
     @property
+    def pointwise(self) -> bool:
+        """A 1x1 kernel with stride 1: the convolution is a matrix product per pixel."""
+        return all(k == 1 for k in self.kernel) and all(s == 1 for s in self.strides)
+
+    @property
     def vector_channels(self) -> int:
         """Channels the kernel's vectors run over: every channel of a depthwise layer,
         else those of one group that are not reduced (bwd_data: src's; fwd and

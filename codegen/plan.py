@@ -279,9 +279,8 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     lanes = VECTOR_LANES[config.isa]
     channels = config.vector_channels
     vectors = -(-channels // lanes)
-    pointwise = all(k == 1 for k in config.kernel) and all(s == 1 for s in config.strides)
     rule = MAX_VECTOR_BLOCK[config.isa]
-    if not config.depthwise and (pointwise or channels <= WIDE_MAX_CHANNELS):
+    if not config.depthwise and (config.pointwise or channels <= WIDE_MAX_CHANNELS):
         rule = WIDE_VECTOR_BLOCK.get(config.isa, rule)
     block = min(vectors, plan.get("vec_block", rule))
     last = vectors - (-(-vectors // block) - 1) * block
@@ -316,7 +315,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "long_tile": long_tile,
             "reduce_chunk": chunk, "partial_steps": partial_steps(config),
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
-            "pointwise": pointwise,
+            "pointwise": config.pointwise,
             # ...and runs the vector blocks of a block of pixels together where all the
             # weights take at most POINT_VB_INNER_BYTES (Zen 4 avx2, 1x1 64<-256: 51 -> 81
             # GFLOP/s), else each vector block over all pixels (avx512 2 threads,
@@ -444,8 +443,7 @@ def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
 
 def dot_by_rule(config: KernelConfig) -> bool:
     """Whether the rules pick the pixel-dot plan (see DOT_RULE_ISAS)."""
-    return (config.isa in DOT_RULE_ISAS and all(k == 1 for k in config.kernel)
-            and all(s == 1 for s in config.strides)
+    return (config.isa in DOT_RULE_ISAS and config.pointwise
             and config.cout_per_group <= DOT_RULE_MAX_COUT)
 
 
@@ -484,9 +482,8 @@ NCX_MAX_REDUCED = 512
 
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The channels-first pointwise plan of a data gradient (fwd, bwd_data), or none."""
-    tiles = direct_tiles(config)
     reduced = _reduced_channels(config)
-    if not (tiles["pointwise"] and config.data_format == "NCX" and config.dtype == "f32"
+    if not (config.pointwise and config.data_format == "NCX" and config.dtype == "f32"
             and not config.depthwise
             and plan.get("ncx_in_place", reduced <= NCX_MAX_REDUCED)):
         return {"pointwise_ncx": False}
@@ -555,13 +552,11 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     if config.depthwise:
         return {"body": "depthwise.c.j2", "slide_rows": slide_rows(config, plan),
                 "pad_columns_below": pad_columns_below(config, plan),
-                "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
                 **direct_tiles(config, plan), **pointwise_ncx_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
                                      ncx.get("ncx_tiles", []))
     return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
-            "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
             "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx}
 
 
@@ -646,13 +641,13 @@ def render_context(config: KernelConfig, generator_version: str,
         "transpose_masks": transpose_masks(VECTOR_LANES[config.isa]),
         "bf16_dot": uses_bf16_dot(config),
         "regroup_pixels": config.family == "bwd_weights" and config.data_format == "NXC"
-        and not config.depthwise and all(k == 1 for k in config.kernel)
-        and all(s == 1 for s in config.strides),
+        and not config.depthwise and config.pointwise,
         # f16/bf16 channels-last results: the last chunk's tiles round into the user's
         # tensor, with no f32 pass over the whole result.
         "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"
         and config.family != "bwd_weights" and not config.depthwise,
         "no_scratch": False,  # True: the body copies no whole data tensor
+        "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
         **_body(config, plan),
     }
 
