@@ -31,6 +31,8 @@ PLAN_CHOICES = {
                "both inputs and multiplies them (dot products), 0 broadcasts src",
     "chunk_pixels": "weight gradients whose sums fit in L2: pixels per chunk",
     "max_slices": "weight gradients: most pixel slices (a power of two)",
+    "group_lanes": "grouped weight gradients: 1 vectorises across the groups (lanes over "
+                   "every input channel), 0 over one group's output channels",
 }
 EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
 MAX_CANDIDATES = 8
@@ -453,6 +455,51 @@ def dot_eligible(config: KernelConfig) -> bool:
             and config.dtype == "f32" and not config.depthwise and config.strides[-1] == 1)
 
 
+# Grouped weight gradients with few output channels per group leave most lanes of a
+# vector of one group's outputs empty (2 of 8 with 2 per group): vectorised across the
+# groups instead (grouped_weights.c.j2), lanes over every input channel against a copy of
+# diff_dst spread to match. The copy costs a store per lane of each output, the gain is
+# per multiply-add: with GROUP_LANES_MIN_TAPS taps or more, groups of up to 3/4 of a
+# vector's lanes of outputs; with fewer taps, up to 3/8. Zen 3 avx2, batch 8, 1 thread,
+# pair ratios across groups / one group's outputs (inputs x outputs per group): 3-D 3x3x3
+# 2x2 1.78, 4x4 1.42-1.46, 6x6 1.02, 16x16 and 8x8 0.45-0.67; 2-D 3x3 1x4 3.70, 2x2 3.03,
+# 4x4 1.21 (56x56, also strided 1.51), 8x8 0.58, 6x6 1.12 (1.21 on 2 threads); 1-D kernel
+# 3 4x2 1.70, 2x2 2.97, 6x3 1.17, but 4x4 0.79; kernel 5 6x3 1.74-1.81; 1x1 2x2 1.31-2.17,
+# 2x3 1.24, 4x4 1.28-2.04 on 28x28 but 0.93 strided and 2x4 on rows of 16 0.21.
+# Measured on avx2; the other paths take the same shares of their lanes.
+GROUP_LANES_MIN_TAPS = 5
+GROUP_LANES_SPREAD_BYTES = 128 * 1024  # spread rows at a time: they stay in L2 while reused
+
+
+def group_lanes_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+    """The across-groups plan of a grouped weight gradient, or none: tiles of KW taps x
+    outputs of a group x vectors of input channels of one (kd, kh) tap row."""
+    lanes, kw = VECTOR_LANES[config.isa], config.kernel[-1]
+    share = 6 if prod(config.kernel) >= GROUP_LANES_MIN_TAPS else 3  # eighths of the lanes
+    if not group_lanes_eligible(config) or not plan.get(
+            "group_lanes", 8 * config.cout_per_group <= share * lanes):
+        return {"group_lanes": False}
+    budget = ACCUMULATORS[config.isa] // kw  # KW x outs x vecs sums in registers
+    vectors = -(-config.groups * config.cin_per_group // lanes)
+    outs = -(-config.cout_per_group // -(-config.cout_per_group // budget))
+    vecs = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
+                      budget // outs))
+    outs_last = config.cout_per_group - (-(-config.cout_per_group // outs) - 1) * outs
+    vecs_last = vectors - (-(-vectors // vecs) - 1) * vecs
+    return {"group_lanes": True, "k_block": outs, "vec_block": vecs,
+            "tiles": list(dict.fromkeys((o, v) for o in (outs, outs_last)
+                                        for v in (vecs, vecs_last))),
+            "spread_bytes": GROUP_LANES_SPREAD_BYTES, "max_unrolled_taps": MAX_UNROLLED_TAPS}
+
+
+def group_lanes_eligible(config: KernelConfig) -> bool:
+    """Whether the across-groups plan can compute this configuration: a grouped weight
+    gradient, not depthwise, not bf16 pairs, whose KW sums of a tile fit the registers."""
+    return (config.family == "bwd_weights" and config.groups > 1 and not config.depthwise
+            and not uses_bf16_dot(config)
+            and config.kernel[-1] <= ACCUMULATORS[config.isa])
+
+
 def depthwise_weight_rows(config: KernelConfig) -> dict:
     """Channel vectors per depthwise weight-gradient row kernel: KW taps x vectors of
     sums stay in registers, next to the diff_dst vectors."""
@@ -543,6 +590,9 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     if config.family == "bwd_weights" and config.depthwise:
         return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config)}
     if config.family == "bwd_weights":
+        grouped = group_lanes_tiles(config, plan)
+        if grouped["group_lanes"]:
+            return {"body": "grouped_weights.c.j2", **grouped}
         dot = dot_tiles(config, plan)
         if dot["ncx_dot"]:
             return {"body": "bwd_weights_dot.c.j2", "no_scratch": True, **dot}
@@ -658,11 +708,15 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
     if config.family == "bwd_weights":
         if config.depthwise:
             return []
+        flip = ([{"group_lanes": int(not group_lanes_tiles(config)["group_lanes"])}]
+                if group_lanes_eligible(config) else [])
+        if group_lanes_tiles(config)["group_lanes"]:
+            return flip + [{"vec_block": b} for b in range(1, MAX_VECTOR_BLOCK[isa] + 1)]
         if dot_tiles(config)["ncx_dot"]:
             return [{"ncx_dot": 0}, {"chunk_pixels": DOT_CHUNK_PIXELS * 2},
                     {"tile_rows": ACCUMULATORS[isa] // DOT_COLS - 1}]
         tiles = weight_tiles(config)
-        found: list[dict[str, int]] = [{"ncx_dot": 1}] if dot_eligible(config) else []
+        found: list[dict[str, int]] = flip + ([{"ncx_dot": 1}] if dot_eligible(config) else [])
         if not tiles["flatten_w"] and not uses_bf16_dot(config):
             found.append({"packed": int(not tiles["packed"])})
         found += [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa], 1, -1)

@@ -515,6 +515,74 @@ def test_weight_gradient_in_pixel_slices(isa, geometry, data_format, dtype, monk
         np.testing.assert_array_equal(run_case(case, num_threads=threads), one)
 
 
+GROUP_LANES_GEOMETRY = {
+    # 2 in x 2 out per group, a partial vector, stride, dilation, asymmetric pads
+    "2x2 strided": dict(spatial=(13, 11), kernel=(3, 3), in_channels=6, out_channels=6,
+                        groups=3, batch=2, attrs=dict(strides=[2, 1], dilations=[1, 2],
+                                                      pads_begin=[1, 2], pads_end=[0, 1])),
+    # 4 x 4 over 3 vectors (avx2): several vector blocks; rows narrower than the kernel
+    "4x4 3d": dict(spatial=(4, 5, 3), kernel=(3, 3, 3), in_channels=24, out_channels=24,
+                   groups=6, batch=2, attrs=dict(pads_begin=1, pads_end=[0, 1, 1])),
+    # groups that straddle vectors: 3 in, 2 out; outputs in blocks with a last block
+    "3x2 1d": dict(spatial=(40,), kernel=(5,), in_channels=27, out_channels=18, groups=9,
+                   batch=3, attrs=dict(strides=[3], pads_begin=[2], pads_end=[1])),
+    # 1x1, 2 in x 4 out (ResNeXt-style bottleneck widths, fewer)
+    "2x4 1x1": dict(spatial=(9, 7), kernel=(1, 1), in_channels=10, out_channels=20, groups=5,
+                    batch=2),
+    # 6 outputs per group: two output blocks on avx2
+    "1x6": dict(spatial=(6, 9), kernel=(3, 3), in_channels=4, out_channels=24, groups=4,
+                batch=2, attrs=dict(pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op,geometry", [("ConvolutionBackwardWeights", g)
+                                         for g in sorted(GROUP_LANES_GEOMETRY)]
+                         + [("ConvTransposeBackwardWeights", "2x2 strided")])
+@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f32"),
+                                               ("NXC", "bf16"), ("NCX", "f16")])
+def test_grouped_weight_gradient_across_groups(isa, op, geometry, data_format, dtype,
+                                               monkeypatch):
+    """Grouped weight gradients vectorised across the groups (diff_dst spread to the
+    input channels' lanes), forced on every ISA path where the rules would not take it:
+    exact, and the same bits on 1, 2 and 3 threads."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import group_lanes_tiles
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case(op, **GROUP_LANES_GEOMETRY[geometry], data_format=data_format,
+                     dtype=dtype, seed=5)
+    config = resolve(op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     dtype).config.with_isa(isa)
+    if isa == "avx512bf16" and dtype == "bf16":  # bf16 pairs: the other plans' own copy
+        assert not group_lanes_tiles(config, {"group_lanes": 1})["group_lanes"]
+        return
+    assert group_lanes_tiles(config, {"group_lanes": 1})["group_lanes"]
+    for threads in (1, 2, 3):
+        run_with_plan(case, {"group_lanes": 1}, isa, threads)
+
+
+def test_grouped_weight_gradients_across_groups_by_rule():
+    """The planner's rule (pure: no CPU needed): across the groups where a group's
+    outputs fill at most 3/4 of a vector's lanes with 5 taps or more, 3/8 with fewer;
+    never depthwise; a tuning candidate either way."""
+    from convgrad.codegen.plan import candidates, group_lanes_tiles
+
+    def config(kernel=(3, 3), groups=32, cin=4, cout=4, isa="avx2"):
+        return KernelConfig("bwd_weights", kernel, (1,) * len(kernel), (1,) * len(kernel),
+                            groups, cin, cout, "NXC", "OIX", "f32", isa)
+
+    for taken in (config(), config(cout=6), config(kernel=(1, 1), cout=3),
+                  config(kernel=(5,), cout=6), config(isa="avx512", cout=12)):
+        assert group_lanes_tiles(taken)["group_lanes"]
+        assert {"group_lanes": 0} in candidates(taken)
+    for other in (config(cout=7), config(kernel=(3,)), config(kernel=(1, 1)),
+                  config(isa="avx512", cout=13), config(groups=1, cout=2)):
+        assert not group_lanes_tiles(other)["group_lanes"]
+    assert {"group_lanes": 1} in candidates(config(kernel=(3,)))
+    assert not group_lanes_tiles(config(cin=1, cout=1), {"group_lanes": 1})["group_lanes"]
+
+
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
     """The planner's rule (pure: no CPU needed), on both vector widths."""
