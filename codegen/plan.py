@@ -31,8 +31,8 @@ PLAN_CHOICES = {
                "both inputs and multiplies them (dot products), 0 broadcasts src",
     "chunk_pixels": "weight gradients whose sums fit in L2: pixels per chunk",
     "max_slices": "weight gradients: most pixel slices (a power of two)",
-    "group_lanes": "grouped weight gradients: 1 vectorises across the groups (lanes over "
-                   "every input channel), 0 over one group's output channels",
+    "group_lanes": "grouped layers: 1 vectorises across the groups (lanes over every "
+                   "channel of the vectorised side), 0 over one group's channels",
 }
 EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
 MAX_CANDIDATES = 8
@@ -279,10 +279,13 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
     lanes = VECTOR_LANES[config.isa]
-    channels = config.vector_channels
+    across = config.depthwise or data_across_groups(config, plan)  # lanes over all groups
+    channels = config.vector_channels  # a depthwise layer's: every group's
+    if across and not config.depthwise:
+        channels *= config.groups
     vectors = -(-channels // lanes)
     rule = MAX_VECTOR_BLOCK[config.isa]
-    if not config.depthwise and (config.pointwise or channels <= WIDE_MAX_CHANNELS):
+    if not across and (config.pointwise or channels <= WIDE_MAX_CHANNELS):
         rule = WIDE_VECTOR_BLOCK.get(config.isa, rule)
     block = min(vectors, plan.get("vec_block", rule))
     last = vectors - (-(-vectors // block) - 1) * block
@@ -292,7 +295,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     # at most LAST_TILE_EXTRA_ROWS more: every height is instantiated, and compiled.
     # (Zen 4 avx2, 3x3 64 <- 64 channels as 3 + 3 + 2 vectors: 95.5 GFLOP/s with 4 x 2
     # tiles, 102 with 6 x 2; PyTorch 110.)
-    rows_last = rows if last == block or config.depthwise else max(rows, min(
+    rows_last = rows if last == block or across else max(rows, min(
         ACCUMULATORS[config.isa] // last, rows + LAST_TILE_EXTRA_ROWS, MAX_TILE_ROWS))
     # Every tile height is instantiated, so a row's remainder is one smaller tile.
     tiles = list(dict.fromkeys([*((r, block) for r in range(rows, 0, -1)),
@@ -309,7 +312,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     chunk = -(-reduced // passes)
     chunk += chunk % 2 if passes > 1 else 0
     long_tile = rows + 1 if (rows + 1) * block <= LONG_TILE_ACCUMULATORS.get(config.isa, 0) and (
-        not config.depthwise and rows < MAX_TILE_ROWS) else 0
+        not across and rows < MAX_TILE_ROWS) else 0
     if long_tile:
         tiles = list(dict.fromkeys([(long_tile, block), (long_tile, last), *tiles]))
     return {"tile_rows": rows, "tile_rows_last": rows_last, "vec_block": block,
@@ -455,30 +458,47 @@ def dot_eligible(config: KernelConfig) -> bool:
             and config.dtype == "f32" and not config.depthwise and config.strides[-1] == 1)
 
 
-# Grouped weight gradients with few output channels per group leave most lanes of a
-# vector of one group's outputs empty (2 of 8 with 2 per group): vectorised across the
-# groups instead (grouped_weights.c.j2), lanes over every input channel against a copy of
-# diff_dst spread to match. The copy costs a store per lane of each output, the gain is
-# per multiply-add: with GROUP_LANES_MIN_TAPS taps or more, groups of up to 3/4 of a
-# vector's lanes of outputs; with fewer taps, up to 3/8. Zen 3 avx2, batch 8, 1 thread,
-# pair ratios across groups / one group's outputs (inputs x outputs per group): 3-D 3x3x3
-# 2x2 1.78, 4x4 1.42-1.46, 6x6 1.02, 16x16 and 8x8 0.45-0.67; 2-D 3x3 1x4 3.70, 2x2 3.03,
-# 4x4 1.21 (56x56, also strided 1.51), 8x8 0.58, 6x6 1.12 (1.21 on 2 threads); 1-D kernel
-# 3 4x2 1.70, 2x2 2.97, 6x3 1.17, but 4x4 0.79; kernel 5 6x3 1.74-1.81; 1x1 2x2 1.31-2.17,
-# 2x3 1.24, 4x4 1.28-2.04 on 28x28 but 0.93 strided and 2x4 on rows of 16 0.21.
-# Measured on avx2; the other paths take the same shares of their lanes.
+# Grouped layers with few channels per group leave most lanes of a vector of one group's
+# channels empty (2 of 8 with 2 per group): vectorised across the groups instead, lanes
+# over every channel of the vectorised side against a copy of the other operand spread
+# to match (weight gradients: grouped_weights.c.j2 spreads diff_dst; data gradients:
+# depthwise.c.j2 spreads its input). The copy costs a store per lane of each reduced
+# channel, the gain is per multiply-add. Zen 3 avx2, batch 8, 1 thread, pair ratios
+# across groups / one group's channels (inputs x outputs per group):
+#   weights: 3-D 3x3x3 2x2 1.78, 4x4 1.42-1.46, 6x6 1.02, 16x16 and 8x8 0.45-0.67; 2-D
+#   3x3 1x4 3.70, 2x2 3.03, 4x4 1.21 (56x56, also strided 1.51), 8x8 0.58, 6x6 1.12
+#   (1.21 on 2 threads); 1-D kernel 3 4x2 1.70, 2x2 2.97, 6x3 1.17, but 4x4 0.79; kernel
+#   5 6x3 1.74-1.81; 1x1 2x2 1.31-2.17, 2x3 1.24, 4x4 1.28-2.04 on 28x28 but 0.93 strided
+#   and 2x4 on rows of 16 0.21.
+#   data: 3-D 3x3x3 2x2 stride 2 2.54, 4x4 1.94 (19^3) and 1.01 (8x56x56), 6x6 0.89, 8x8
+#   and 16x16 0.25-0.39; 2-D 3x3 2x2 2.34, 4x2 1.15, 4x4 1.00 (56x56), 1.12 (14x14),
+#   1.39 (strided), 6x6 0.76; 1-D kernel 3 2x2 3.30, 4x4 0.74; kernel 5 6x3 0.76; 1x1
+#   2x4 0.14 (the 1x1 plan runs all pixels as one matrix product).
+# Hence the shares of a vector's lanes a group's vectorised channels may fill, in
+# eighths, with GROUP_LANES_MIN_TAPS taps or more / 2-4 taps / 1 tap: weight gradients
+# 6 / 3 / 3, data gradients 4 / 2 / 0. Measured on avx2; the other paths take the same
+# shares of their lanes.
 GROUP_LANES_MIN_TAPS = 5
+GROUP_LANES_SHARES = {"weights": (6, 3, 3), "data": (4, 2, 0)}
 GROUP_LANES_SPREAD_BYTES = 128 * 1024  # spread rows at a time: they stay in L2 while reused
+
+
+def _across_groups_by_rule(config: KernelConfig) -> bool:
+    """Whether the rules vectorise a grouped layer across its groups: where a group's
+    vectorised channels fill at most `share` eighths of the lanes (GROUP_LANES_SHARES)."""
+    taps = prod(config.kernel)
+    many, few, one = GROUP_LANES_SHARES["weights" if config.family == "bwd_weights" else "data"]
+    share = many if taps >= GROUP_LANES_MIN_TAPS else few if taps > 1 else one
+    return 8 * config.vector_channels <= share * VECTOR_LANES[config.isa]
 
 
 def group_lanes_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The across-groups plan of a grouped weight gradient, or none: tiles of KW taps x
     outputs of a group x vectors of input channels of one (kd, kh) tap row."""
-    lanes, kw = VECTOR_LANES[config.isa], config.kernel[-1]
-    share = 6 if prod(config.kernel) >= GROUP_LANES_MIN_TAPS else 3  # eighths of the lanes
     if not group_lanes_eligible(config) or not plan.get(
-            "group_lanes", 8 * config.cout_per_group <= share * lanes):
+            "group_lanes", _across_groups_by_rule(config)):
         return {"group_lanes": False}
+    lanes, kw = VECTOR_LANES[config.isa], config.kernel[-1]
     budget = ACCUMULATORS[config.isa] // kw  # KW x outs x vecs sums in registers
     vectors = -(-config.groups * config.cin_per_group // lanes)
     outs = -(-config.cout_per_group // -(-config.cout_per_group // budget))
@@ -498,6 +518,24 @@ def group_lanes_eligible(config: KernelConfig) -> bool:
     return (config.family == "bwd_weights" and config.groups > 1 and not config.depthwise
             and not uses_bf16_dot(config)
             and config.kernel[-1] <= ACCUMULATORS[config.isa])
+
+
+def data_across_groups(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
+    """Whether a grouped data gradient (fwd, bwd_data) runs across the groups like a
+    depthwise one (depthwise.c.j2), its input spread to the lanes."""
+    return data_across_groups_eligible(config) and bool(
+        plan.get("group_lanes", _across_groups_by_rule(config)))
+
+
+def data_across_groups_eligible(config: KernelConfig) -> bool:
+    """Whether the across-groups plan can compute this data gradient: grouped, not
+    depthwise (always across), not bf16 pairs; at most MAX_SPREAD_REDUCED reduced
+    channels per group (each is a tap of the tiles)."""
+    return (config.family != "bwd_weights" and config.groups > 1 and not config.depthwise
+            and not uses_bf16_dot(config) and _reduced_channels(config) <= MAX_SPREAD_REDUCED)
+
+
+MAX_SPREAD_REDUCED = 64
 
 
 def depthwise_weight_rows(config: KernelConfig) -> dict:
@@ -599,10 +637,14 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
         tiles = weight_tiles(config, plan)
         body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
         return {"body": body, "no_scratch": tiles["packed"], **tiles}
-    if config.depthwise:
+    if config.depthwise or data_across_groups(config, plan):
+        grouped = not config.depthwise  # input spread to the lanes, never padded
         return {"body": "depthwise.c.j2", "slide_rows": slide_rows(config, plan),
-                "pad_columns_below": pad_columns_below(config, plan),
-                **direct_tiles(config, plan), **pointwise_ncx_tiles(config, plan)}
+                "pad_columns_below": 0 if grouped else pad_columns_below(config, plan),
+                "vector_per_group": config.vector_channels if grouped else 1,
+                "reduced_per_group": _reduced_channels(config) if grouped else 1,
+                "spread_input": True, "round_in_tiles": False, "pointwise_ncx": False,
+                **direct_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
                                      ncx.get("ncx_tiles", []))
@@ -697,6 +739,7 @@ def render_context(config: KernelConfig, generator_version: str,
         "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"
         and config.family != "bwd_weights" and not config.depthwise,
         "no_scratch": False,  # True: the body copies no whole data tensor
+        "spread_input": False,  # True: data gradients across groups spread their input
         "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
         **_body(config, plan),
     }
@@ -727,9 +770,16 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
             found.append({"max_slices": 1})
         return found
     tiles = direct_tiles(config)
+    if data_across_groups_eligible(config):
+        flip = {"group_lanes": int(not data_across_groups(config))}
+        if not flip["group_lanes"]:
+            return [flip] + [{"vec_block": b} for b in range(1, MAX_VECTOR_BLOCK[isa] + 1)]
+        found = [flip]
+    else:
+        found = []
     blocks = [WIDE_VECTOR_BLOCK[isa]] if isa in WIDE_VECTOR_BLOCK and not config.depthwise else []
-    found = [{"vec_block": b} for b in [*blocks, *range(MAX_VECTOR_BLOCK[isa], 1, -1)]
-             if b != tiles["vec_block"]]
+    found += [{"vec_block": b} for b in [*blocks, *range(MAX_VECTOR_BLOCK[isa], 1, -1)]
+              if b != tiles["vec_block"]]
     if config.depthwise:
         if config.strides[-1] == 1 and config.kernel[-1] > 1:
             found.append({"slide": int(not slide_rows(config))})

@@ -536,51 +536,69 @@ GROUP_LANES_GEOMETRY = {
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("op,geometry", [("ConvolutionBackwardWeights", g)
-                                         for g in sorted(GROUP_LANES_GEOMETRY)]
-                         + [("ConvTransposeBackwardWeights", "2x2 strided")])
+@pytest.mark.parametrize("op,geometry", [(op, g) for g in sorted(GROUP_LANES_GEOMETRY)
+                                         for op in ("ConvolutionBackwardWeights",
+                                                    "ConvolutionBackwardData")]
+                         + [("ConvTransposeBackwardWeights", "2x2 strided"),
+                            ("ConvTransposeBackwardData", "2x2 strided"),
+                            ("ConvTransposeBackwardData", "3x2 1d")])
 @pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f32"),
                                                ("NXC", "bf16"), ("NCX", "f16")])
-def test_grouped_weight_gradient_across_groups(isa, op, geometry, data_format, dtype,
-                                               monkeypatch):
-    """Grouped weight gradients vectorised across the groups (diff_dst spread to the
-    input channels' lanes), forced on every ISA path where the rules would not take it:
-    exact, and the same bits on 1, 2 and 3 threads."""
+def test_grouped_layers_across_groups(isa, op, geometry, data_format, dtype, monkeypatch):
+    """Grouped layers vectorised across the groups (weight gradients with diff_dst, data
+    gradients with their input spread to the lanes), forced on every ISA path where the
+    rules would not take it: exact, and the same bits on 1, 2 and 3 threads."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import group_lanes_tiles
+    from convgrad.codegen.plan import data_across_groups, group_lanes_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case(op, **GROUP_LANES_GEOMETRY[geometry], data_format=data_format,
                      dtype=dtype, seed=5)
     config = resolve(op, [x.shape for x in case.inputs[:2]], case.attrs, None,
                      dtype).config.with_isa(isa)
+    plan = {"group_lanes": 1}
+    taken = (group_lanes_tiles(config, plan)["group_lanes"] if config.family == "bwd_weights"
+             else data_across_groups(config, plan))
     if isa == "avx512bf16" and dtype == "bf16":  # bf16 pairs: the other plans' own copy
-        assert not group_lanes_tiles(config, {"group_lanes": 1})["group_lanes"]
+        assert not taken
         return
-    assert group_lanes_tiles(config, {"group_lanes": 1})["group_lanes"]
+    assert taken
     for threads in (1, 2, 3):
-        run_with_plan(case, {"group_lanes": 1}, isa, threads)
+        run_with_plan(case, plan, isa, threads)
 
 
-def test_grouped_weight_gradients_across_groups_by_rule():
+def test_grouped_layers_across_groups_by_rule():
     """The planner's rule (pure: no CPU needed): across the groups where a group's
-    outputs fill at most 3/4 of a vector's lanes with 5 taps or more, 3/8 with fewer;
-    never depthwise; a tuning candidate either way."""
-    from convgrad.codegen.plan import candidates, group_lanes_tiles
+    vectorised channels fill at most 6/8 of a vector's lanes with 5 taps or more, 3/8
+    with fewer (weight gradients), 4/8 and 2/8 (data gradients; never 1x1); never
+    depthwise; a tuning candidate either way."""
+    from convgrad.codegen.plan import candidates, data_across_groups, group_lanes_tiles
 
-    def config(kernel=(3, 3), groups=32, cin=4, cout=4, isa="avx2"):
-        return KernelConfig("bwd_weights", kernel, (1,) * len(kernel), (1,) * len(kernel),
+    def config(kernel=(3, 3), groups=32, cin=4, cout=4, isa="avx2", family="bwd_weights"):
+        return KernelConfig(family, kernel, (1,) * len(kernel), (1,) * len(kernel),
                             groups, cin, cout, "NXC", "OIX", "f32", isa)
 
+    def across(config, plan=None):
+        if config.family == "bwd_weights":
+            return group_lanes_tiles(config, plan or {})["group_lanes"]
+        return data_across_groups(config, plan or {})
+
+    data = "bwd_data"
     for taken in (config(), config(cout=6), config(kernel=(1, 1), cout=3),
-                  config(kernel=(5,), cout=6), config(isa="avx512", cout=12)):
-        assert group_lanes_tiles(taken)["group_lanes"]
+                  config(kernel=(5,), cout=6), config(isa="avx512", cout=12),
+                  config(family=data), config(family=data, kernel=(3,), cin=2),
+                  config(family=data, cin=8, isa="avx512"), config(family="fwd", cin=6)):
+        assert across(taken)
         assert {"group_lanes": 0} in candidates(taken)
     for other in (config(cout=7), config(kernel=(3,)), config(kernel=(1, 1)),
-                  config(isa="avx512", cout=13), config(groups=1, cout=2)):
-        assert not group_lanes_tiles(other)["group_lanes"]
+                  config(isa="avx512", cout=13), config(groups=1, cout=2),
+                  config(family=data, cin=5), config(family=data, kernel=(3,)),
+                  config(family=data, kernel=(1, 1), cin=1)):
+        assert not across(other)
     assert {"group_lanes": 1} in candidates(config(kernel=(3,)))
-    assert not group_lanes_tiles(config(cin=1, cout=1), {"group_lanes": 1})["group_lanes"]
+    assert {"group_lanes": 1} in candidates(config(family=data, cin=6))
+    for never in (config(cin=1, cout=1), config(family=data, cin=1, cout=1)):
+        assert not across(never, {"group_lanes": 1})
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])

@@ -95,11 +95,12 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
                            data_format=fmt, dtype=dtype), num_threads=5)
-    from test_ops import GROUP_LANES_GEOMETRY  # across groups, diff_dst spread
+    from test_ops import GROUP_LANES_GEOMETRY  # across groups, an operand spread
     for name, fmt, dtype in (("2x2 strided", "NXC", "f32"), ("3x2 1d", "NCX", "f16"),
                              ("4x4 3d", "NXC", "f32")):
-        run_case(make_case("ConvolutionBackwardWeights", **GROUP_LANES_GEOMETRY[name],
-                           data_format=fmt, dtype=dtype), num_threads=2)
+        for op in ("ConvolutionBackwardWeights", "ConvolutionBackwardData"):
+            run_case(make_case(op, **GROUP_LANES_GEOMETRY[name], data_format=fmt,
+                               dtype=dtype), num_threads=2)
     print("ok")
 """),
     "data-and-dot": textwrap.dedent("""
