@@ -529,13 +529,15 @@ def data_across_groups(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLA
 
 def data_across_groups_eligible(config: KernelConfig) -> bool:
     """Whether the across-groups plan can compute this data gradient: grouped, not
-    depthwise (always across), not bf16 pairs; at most MAX_SPREAD_REDUCED reduced
-    channels per group (each is a tap of the tiles)."""
+    depthwise (always across), not bf16 pairs; at most MAX_SPREAD_PRODUCTS products per
+    output (taps x reduced channels per group: each pair is a tap of the tiles, summed
+    in one register, so this bounds the chain as PARTIAL_PRODUCTS does elsewhere)."""
     return (config.family != "bwd_weights" and config.groups > 1 and not config.depthwise
-            and not uses_bf16_dot(config) and _reduced_channels(config) <= MAX_SPREAD_REDUCED)
+            and not uses_bf16_dot(config)
+            and prod(config.kernel) * _reduced_channels(config) <= MAX_SPREAD_PRODUCTS)
 
 
-MAX_SPREAD_REDUCED = 64
+MAX_SPREAD_PRODUCTS = 2 * PARTIAL_PRODUCTS
 
 
 def depthwise_weight_rows(config: KernelConfig) -> dict:

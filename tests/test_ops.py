@@ -570,8 +570,8 @@ def test_grouped_layers_across_groups(isa, op, geometry, data_format, dtype, mon
 def test_grouped_layers_across_groups_by_rule():
     """The planner's rule (pure: no CPU needed): across the groups where a group's
     vectorised channels fill at most 6/8 of a vector's lanes with 5 taps or more, 3/8
-    with fewer (weight gradients), 4/8 and 2/8 (data gradients; never 1x1); never
-    depthwise; a tuning candidate either way."""
+    with fewer (weight gradients), 4/8 and 2/8 (data gradients; never 1x1, nor with
+    more than 256 products per output); never depthwise; a candidate either way."""
     from convgrad.codegen.plan import candidates, data_across_groups, group_lanes_tiles
 
     def config(kernel=(3, 3), groups=32, cin=4, cout=4, isa="avx2", family="bwd_weights"):
@@ -597,7 +597,8 @@ def test_grouped_layers_across_groups_by_rule():
         assert not across(other)
     assert {"group_lanes": 1} in candidates(config(kernel=(3,)))
     assert {"group_lanes": 1} in candidates(config(family=data, cin=6))
-    for never in (config(cin=1, cout=1), config(family=data, cin=1, cout=1)):
+    for never in (config(cin=1, cout=1), config(family=data, cin=1, cout=1),
+                  config(family=data, cout=29)):  # 9 x 29 products per output: one chain
         assert not across(never, {"group_lanes": 1})
 
 
