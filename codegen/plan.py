@@ -492,10 +492,10 @@ def _across_groups_by_rule(config: KernelConfig) -> bool:
     return 8 * config.vector_channels <= share * VECTOR_LANES[config.isa]
 
 
-def group_lanes_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+def weights_across_groups(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The across-groups plan of a grouped weight gradient, or none: tiles of KW taps x
     outputs of a group x vectors of input channels of one (kd, kh) tap row."""
-    if not group_lanes_eligible(config) or not plan.get(
+    if not weights_across_groups_eligible(config) or not plan.get(
             "group_lanes", _across_groups_by_rule(config)):
         return {"group_lanes": False}
     lanes, kw = VECTOR_LANES[config.isa], config.kernel[-1]
@@ -512,7 +512,7 @@ def group_lanes_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN
             "spread_bytes": GROUP_LANES_SPREAD_BYTES, "max_unrolled_taps": MAX_UNROLLED_TAPS}
 
 
-def group_lanes_eligible(config: KernelConfig) -> bool:
+def weights_across_groups_eligible(config: KernelConfig) -> bool:
     """Whether the across-groups plan can compute this configuration: a grouped weight
     gradient, not depthwise, not bf16 pairs, whose KW sums of a tile fit the registers."""
     return (config.family == "bwd_weights" and config.groups > 1 and not config.depthwise
@@ -630,7 +630,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     if config.family == "bwd_weights" and config.depthwise:
         return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config)}
     if config.family == "bwd_weights":
-        grouped = group_lanes_tiles(config, plan)
+        grouped = weights_across_groups(config, plan)
         if grouped["group_lanes"]:
             return {"body": "grouped_weights.c.j2", **grouped}
         dot = dot_tiles(config, plan)
@@ -753,9 +753,9 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
     if config.family == "bwd_weights":
         if config.depthwise:
             return []
-        flip = ([{"group_lanes": int(not group_lanes_tiles(config)["group_lanes"])}]
-                if group_lanes_eligible(config) else [])
-        if group_lanes_tiles(config)["group_lanes"]:
+        flip = ([{"group_lanes": int(not weights_across_groups(config)["group_lanes"])}]
+                if weights_across_groups_eligible(config) else [])
+        if weights_across_groups(config)["group_lanes"]:
             return flip + [{"vec_block": b} for b in range(1, MAX_VECTOR_BLOCK[isa] + 1)]
         if dot_tiles(config)["ncx_dot"]:
             return [{"ncx_dot": 0}, {"chunk_pixels": DOT_CHUNK_PIXELS * 2},

@@ -549,7 +549,7 @@ def test_grouped_layers_across_groups(isa, op, geometry, data_format, dtype, mon
     gradients with their input spread to the lanes), forced on every ISA path where the
     rules would not take it: exact, and the same bits on 1, 2 and 3 threads."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import data_across_groups, group_lanes_tiles
+    from convgrad.codegen.plan import data_across_groups, weights_across_groups
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case(op, **GROUP_LANES_GEOMETRY[geometry], data_format=data_format,
@@ -557,7 +557,7 @@ def test_grouped_layers_across_groups(isa, op, geometry, data_format, dtype, mon
     config = resolve(op, [x.shape for x in case.inputs[:2]], case.attrs, None,
                      dtype).config.with_isa(isa)
     plan = {"group_lanes": 1}
-    taken = (group_lanes_tiles(config, plan)["group_lanes"] if config.family == "bwd_weights"
+    taken = (weights_across_groups(config, plan)["group_lanes"] if config.family == "bwd_weights"
              else data_across_groups(config, plan))
     if isa == "avx512bf16" and dtype == "bf16":  # bf16 pairs: the other plans' own copy
         assert not taken
@@ -572,7 +572,7 @@ def test_grouped_layers_across_groups_by_rule():
     vectorised channels fill at most 6/8 of a vector's lanes with 5 taps or more, 3/8
     with fewer (weight gradients), 4/8 and 2/8 (data gradients; never 1x1, nor with
     more than 256 products per output); never depthwise; a candidate either way."""
-    from convgrad.codegen.plan import candidates, data_across_groups, group_lanes_tiles
+    from convgrad.codegen.plan import candidates, data_across_groups, weights_across_groups
 
     def config(kernel=(3, 3), groups=32, cin=4, cout=4, isa="avx2", family="bwd_weights"):
         return KernelConfig(family, kernel, (1,) * len(kernel), (1,) * len(kernel),
@@ -580,7 +580,7 @@ def test_grouped_layers_across_groups_by_rule():
 
     def across(config, plan=None):
         if config.family == "bwd_weights":
-            return group_lanes_tiles(config, plan or {})["group_lanes"]
+            return weights_across_groups(config, plan or {})["group_lanes"]
         return data_across_groups(config, plan or {})
 
     data = "bwd_data"
