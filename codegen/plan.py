@@ -480,7 +480,12 @@ def dot_eligible(config: KernelConfig) -> bool:
 # shares of their lanes.
 GROUP_LANES_MIN_TAPS = 5
 GROUP_LANES_SHARES = {"weights": (6, 3, 3), "data": (4, 2, 0)}
-GROUP_LANES_SPREAD_BYTES = 128 * 1024  # spread rows at a time: they stay in L2 while reused
+# Weight gradients spread this many bytes of diff_dst rows at a time (at least two rows):
+# they stay in L1 while the kernel's (kd, kh) tap rows reuse them. Zen 3, 1 / 2 threads,
+# pair ratios 24 KB / 128 KB: 3d_gconv 4x4 1.38 / 1.27, 6x6 1.23 / 1.37, 2x2 s2 1.07 /
+# 1.10; ResNeXt conv_3d:1 (57 KB a row, so two rows either way) 1.01 / 1.03; 2-D layers
+# 0.95-1.04. At 128 KB, whole spread blocks (2.4 MB on conv_3d:1) had run at 0.70x.
+GROUP_LANES_SPREAD_BYTES = 24 * 1024
 
 
 def _across_groups_by_rule(config: KernelConfig) -> bool:
