@@ -146,6 +146,12 @@ WIDE_MAX_CHANNELS = 128
 # last block of one vector (128, 512, 2048 output channels); the tuner chose 2 for 1x1
 # layers on Zen 4's avx2 path too. 3x3 layers keep 3 (2 measured 0.89-1.09).
 POINTWISE_WEIGHT_VECTOR_BLOCK = {"avx2": 2}
+# ...and so do 1x1 stride-1 NCX weight gradients on every path where their sums exceed
+# SUMS_IN_L2_BYTES: chunks then hold 1 MB of panels, a diff_dst block of 4 vectors is too
+# large for L1 while every row block passes over it, a block of 2 is not. Sapphire
+# Rapids avx512, batch 8, 1 thread, pair ratios 2 / 4 vectors: 256->1024 1.15, 512->2048
+# 1.13, 2048->512 1.10 (strided 1x1 and 3x3 layers 0.98-1.01: not them).
+NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK = 2
 LAST_TILE_EXTRA_ROWS = 2
 # A run of exactly one pixel more than a tile's height is one tile where the accumulators
 # fit in this many of 32 registers (one may spill: cheaper than a second, short tile).
@@ -175,8 +181,17 @@ SLICE_MIN_PIXELS = 1024
 SLICE_SUMS_BYTES = 2 * 1024 * 1024
 
 # Weight gradients use packed panels where a packed value feeds this many FMAs.
-PACKED_NXC_MIN_FMAS = 4
-PACKED_NCX_MIN_FMAS = 128
+PACKED_MIN_FMAS = 4
+# Channels-first (NCX) weight gradients read src in place (tiles broadcast along its
+# rows, diff_dst transposed by chunk) where they have at most as many output as input
+# channels and sums of at most NCX_IN_PLACE_MAX_SUMS bytes (by vector lanes); else
+# they pack both. Sapphire Rapids, batch 8, 1 thread, ResNet-50, time in place /
+# packed (panels of diff_dst transposed VL x VL in registers): avx512 64->64 0.79,
+# 256->64 0.77, 512->128 0.91, 1024->256 0.89, 3x3 64->64 0.89, but 128->512 1.08,
+# 256->1024 1.05, 2048->512 (4 MB of sums) 1.07, 3x3 256->256 1.13, strided 1x1
+# 256->512 .. 1024->2048 1.09-1.42; avx2 64->64 and 256->64 0.89, 3x3 64->64 0.98, but
+# 512->128 1.05, 1024->256 1.26, 512->256 1.20, 3x3 128->128 1.16, 128->512 1.20.
+NCX_IN_PLACE_MAX_SUMS = {16: 1024 * 1024, 8: 64 * 1024}
 # ...except 1x1 f32 channels-last layers whose rows a tile reads well in place: pixel
 # strides under 2 KB (no 4K aliasing), and on avx512 whole lines of diff_dst per tile.
 # Measured on Zen 4, 1 thread, 1x1 layers of 14-56 pixels square, GFLOP/s packed -> in
@@ -352,8 +367,11 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     lanes = VECTOR_LANES[config.isa]
     vectors = -(-config.cout_per_group // lanes)
     rule = MAX_VECTOR_BLOCK[config.isa]
+    sums_bytes = _weight_sums_bytes(config)
     if all(k == 1 for k in config.kernel):
         rule = POINTWISE_WEIGHT_VECTOR_BLOCK.get(config.isa, rule)
+    if config.data_format == "NCX" and config.pointwise and sums_bytes > SUMS_IN_L2_BYTES:
+        rule = min(rule, NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK)
     block = min(vectors, plan.get("vec_block", rule))
     last = vectors - (-(-vectors // block) - 1) * block
     budget = min(ACCUMULATORS[config.isa] // block, plan.get("tile_rows", ACCUMULATORS[config.isa]))
@@ -370,7 +388,6 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     rows = min(rows, total)
     rows_last = total - (-(-total // rows) - 1) * rows
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
-    sums_bytes = _weight_sums_bytes(config)
     # Packed panels (bwd_weights_packed.c.j2): per chunk, each thread copies what its tiles
     # read into panels at consecutive addresses. Read in place, channels-last rows a power
     # of two apart share a few cache sets and a page per pixel (Ice Lake, AVX2, 1x1
@@ -386,9 +403,11 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
                 and all(k == 1 for k in config.kernel)
                 and IN_PLACE_MIN_CIN[lanes] <= cin <= IN_PLACE_MAX_CIN[lanes]
                 and cout <= IN_PLACE_MAX_COUT[lanes])
+    if config.data_format == "NCX":
+        in_place = cout <= cin and sums_bytes <= NCX_IN_PLACE_MAX_SUMS.get(
+            lanes, NCX_IN_PLACE_MAX_SUMS[8])
     packed = not flatten_w and not uses_bf16_dot(config) and bool(plan.get(
-        "packed", not in_place and fmas_per_value >= (
-            PACKED_NXC_MIN_FMAS if config.data_format == "NXC" else PACKED_NCX_MIN_FMAS)))
+        "packed", not in_place and fmas_per_value >= PACKED_MIN_FMAS))
     # Otherwise tiles broadcast src values, so NCX src needs no transpose: each tile row
     # is a stream along the pixels of one channel (f32 is read in place, f16/bf16 widened
     # in their order). Only diff_dst, the vector operand, is made channels-last.
@@ -399,7 +418,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "packed": packed, "partial_pixels": partial_steps(config),
             "max_slices": _max_slices(sums_bytes, plan),
             "slice_min_pixels": SLICE_MIN_PIXELS,
-            "chunk_pixels": plan.get("chunk_pixels", CHUNK_PIXELS) if in_l2 else 0,
+            "chunk_pixels": plan.get("chunk_pixels", CHUNK_PIXELS if in_l2 else 0),
             "chunk_bytes": max(CHUNK_BYTES, sums_bytes // 2),
             "src_channels_first": src_channels_first,
             # ...and its diff_dst is transposed chunk by chunk, by the thread that uses it
@@ -411,25 +430,22 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
 # of src and diff_dst planes (bwd_weights_dot.c.j2): DOT_COLS output x ACCUMULATORS //
 # DOT_COLS input channels per tile, each a vector of per-lane sums added in a tree at each
 # flush; chunks of about DOT_CHUNK_PIXELS pixels packed into panels; superblocks of input
-# channels whose panels take about DOT_SUPERBLOCK_BYTES. The rules take it for 1x1 stride-1
-# layers on avx2 whose diff_dst panel (COUT_G x 512 pixels) stays within 2 MB. Zen 4, batch
-# 8, ratio to PyTorch in one run (broadcast plan -> dot), 1 thread: res2a_branch1 0.93 ->
-# 0.99, res3a_branch2c 0.89 -> 0.97, res3b_branch2a 0.89 -> 0.97, res4b_branch2a 0.94 ->
-# 1.03, res5b_branch2a 0.94 -> 0.93; 2 threads 0.89-1.34 -> 0.94-1.40; but res5a_branch2c
-# (2048 outputs) 0.91 -> 0.86 and 0.94 -> 0.84. On avx512 the broadcast plan is faster on
-# most layers (56x56 1x1: 1.12-1.37 against 0.93-1.08), and on 3x3 layers on both paths:
-# there the plan is a tuning candidate only.
+# channels whose panels take about DOT_SUPERBLOCK_BYTES. A tuning candidate only: the
+# rules took it for 1x1 stride-1 layers on avx2 while the broadcast plans transposed
+# diff_dst value by value where rows are narrower than a vector (Zen 4, ratio to PyTorch,
+# broadcast -> dot, 1 thread: 0.89-0.94 -> 0.93-1.03), but with VL x VL blocks transposed
+# in registers over whole runs of rows the broadcast plans win (Sapphire Rapids avx2,
+# batch 8, 1 thread, pair ratios broadcast / dot on ResNet-50's 1x1 stride-1 layers:
+# 1.03-1.26), as they did on avx512 and on 3x3 layers before.
 DOT_COLS = 4
 DOT_CHUNK_PIXELS = 512
 DOT_SUPERBLOCK_BYTES = 256 * 1024
-DOT_RULE_ISAS = frozenset({"avx2"})
-DOT_RULE_MAX_COUT = 1024
 
 
 def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The pixel-dot plan of an NCX weight gradient, or none: tiles of input x output
     channels of one tap whose registers hold per-lane sums along the pixels."""
-    if not dot_eligible(config) or not plan.get("ncx_dot", dot_by_rule(config)):
+    if not dot_eligible(config) or not plan.get("ncx_dot", False):
         return {"ncx_dot": False}
     rows = max(1, min(config.cin_per_group, plan.get(
         "tile_rows", ACCUMULATORS[config.isa] // DOT_COLS)))
@@ -444,12 +460,6 @@ def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
             "partial_pixels": partial_steps(config),
             "max_slices": _max_slices(_weight_sums_bytes(config), plan),
             "slice_min_pixels": SLICE_MIN_PIXELS}
-
-
-def dot_by_rule(config: KernelConfig) -> bool:
-    """Whether the rules pick the pixel-dot plan (see DOT_RULE_ISAS)."""
-    return (config.isa in DOT_RULE_ISAS and config.pointwise
-            and config.cout_per_group <= DOT_RULE_MAX_COUT)
 
 
 def dot_eligible(config: KernelConfig) -> bool:
@@ -712,6 +722,7 @@ def render_context(config: KernelConfig, generator_version: str,
     """Everything kernel.c.j2 reads, derived from the configuration and its plan."""
     pad = 3 - config.rank
     kernel_w = config.kernel[-1]
+    body = _body(config, plan)
     return {
         "name": kernel_name(config, plan),
         "generator_version": generator_version,
@@ -748,7 +759,12 @@ def render_context(config: KernelConfig, generator_version: str,
         "no_scratch": False,  # True: the body copies no whole data tensor
         "spread_input": False,  # True: data gradients across groups spread their input
         "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
-        **_body(config, plan),
+        # NCX blocks of VL channels x VL pixels transposed in registers: into f32 scratch
+        # (whole tensors or chunks) and into the packed plan's diff_dst panels
+        "transpose_to_f32": config.data_format == "NCX" and (
+            body["body"] == "bwd_weights_packed.c.j2"
+            or not (uses_bf16_dot(config) or body.get("no_scratch", False))),
+        **body,
     }
 
 
@@ -762,9 +778,6 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
                 if weights_across_groups_eligible(config) else [])
         if weights_across_groups(config)["group_lanes"]:
             return flip + [{"vec_block": b} for b in range(1, MAX_VECTOR_BLOCK[isa] + 1)]
-        if dot_tiles(config)["ncx_dot"]:
-            return [{"ncx_dot": 0}, {"chunk_pixels": DOT_CHUNK_PIXELS * 2},
-                    {"tile_rows": ACCUMULATORS[isa] // DOT_COLS - 1}]
         tiles = weight_tiles(config)
         found: list[dict[str, int]] = flip + ([{"ncx_dot": 1}] if dot_eligible(config) else [])
         if not tiles["flatten_w"] and not uses_bf16_dot(config):

@@ -7,6 +7,7 @@ bf16 results are compared exactly with the exact sum rounded once to the dtype.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -400,21 +401,20 @@ def run_with_plan(case, plan, isa, threads):
     run(np.empty(size, dtype=np.uint8))
 
 
-def test_dot_products_where_the_rules_measured_them_faster():
-    """The planner's rule (pure: no CPU needed): 1x1 stride-1 NCX f32 weight gradients on
-    avx2 with at most 1024 output channels per group; a candidate wherever stride 1
-    along w lets it run (any kernel, stride along h), never for other dtypes or NXC."""
+def test_dot_products_are_a_tuning_candidate_only():
+    """The planner (pure: no CPU needed) never picks the pixel-dot plan by its rules; it is
+    a candidate wherever stride 1 along w lets it run (any kernel, stride along h, any
+    path), never for other dtypes or NXC."""
     from convgrad.codegen.plan import candidates, dot_tiles
 
     def config(kernel=(1, 1), strides=(1, 1), cout=512, isa="avx2", dtype="f32", fmt="NCX"):
         return KernelConfig("bwd_weights", kernel, strides, (1, 1), 1, 256, cout, fmt, "OIX",
                             dtype, isa)
 
-    assert dot_tiles(config())["ncx_dot"]
-    for other in (config(cout=2048), config(isa="avx512"), config(kernel=(3, 3)),
+    for other in (config(), config(cout=2048), config(isa="avx512"), config(kernel=(3, 3)),
                   config(strides=(2, 1))):
         assert not dot_tiles(other)["ncx_dot"] and {"ncx_dot": 1} in candidates(other)
-    assert {"ncx_dot": 0} in candidates(config())
+        assert dot_tiles(other, {"ncx_dot": 1})["ncx_dot"]
     for never in (config(strides=(1, 2)), config(dtype="f16"), config(fmt="NXC")):
         assert not dot_tiles(never, {"ncx_dot": 1})["ncx_dot"]
         assert all("ncx_dot" not in plan for plan in candidates(never))
@@ -465,9 +465,10 @@ PACKED_WEIGHT_GEOMETRY = {
                                                ("NXC", "bf16"), ("NCX", "f16")])
 def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtype,
                                             monkeypatch):
-    """Weight gradients that pack each chunk into panels (both layouts, widened f16/bf16)
-    on every ISA path, on 1 and 2 threads: channel tails, groups, strides, dilations, pads,
-    several chunks; exact, and the same on both thread counts."""
+    """Weight gradients that pack each chunk into panels (both layouts, widened f16/bf16;
+    NCX diff_dst transposed in registers over runs of rows), forced on every ISA path, on 1
+    and 2 threads: channel tails, groups, strides, dilations, pads, several chunks; exact
+    on both thread counts."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import weight_tiles
 
@@ -476,10 +477,10 @@ def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtyp
                      dtype=dtype, seed=3)
     config = resolve(op, [x.shape for x in case.inputs[:2]], case.attrs, None,
                      dtype).config.with_isa(isa)
-    if not weight_tiles(config)["packed"]:  # bf16 pairs on avx512bf16 have their own copy
+    if not weight_tiles(config, {"packed": 1})["packed"]:  # bf16 pairs have their own copy
         assert dtype == "bf16" and isa == "avx512bf16"
-    one = run_case(case, num_threads=1)
-    np.testing.assert_array_equal(run_case(case, num_threads=2), one)
+    for threads in (1, 2):
+        run_with_plan(case, {"packed": 1}, isa, threads)
 
 
 SLICED_WEIGHT_GEOMETRY = {
@@ -604,7 +605,8 @@ def test_grouped_layers_across_groups_by_rule():
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
-    """The planner's rule (pure: no CPU needed), on both vector widths."""
+    """The planner's rule (pure: no CPU needed), on both vector widths; 1x1 stride-1 NCX
+    layers whose sums exceed L2 take blocks of 2 vectors."""
     from convgrad.codegen.plan import weight_tiles
 
     def packed(kernel, groups, cin_per_group, cout_per_group, data_format, dtype="f32"):
@@ -614,9 +616,13 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
                               dtype, isa)
         return weight_tiles(config)["packed"]
 
-    assert not packed((1, 1), 1, 64, 64, "NCX")      # short runs per channel
-    assert packed((1, 1), 1, 1024, 256, "NCX")       # 205 per value
-    assert packed((3, 3), 1, 64, 64, "NCX")          # 144 per value
+    # NCX: src in place where outputs are at most inputs and the sums small (by lanes)
+    assert not packed((1, 1), 1, 64, 64, "NCX")
+    assert not packed((1, 1), 1, 256, 64, "NCX")
+    assert packed((1, 1), 1, 64, 256, "NCX")
+    assert packed((1, 1), 1, 1024, 256, "NCX") == (isa == "avx2")  # 1 MB of sums
+    assert packed((1, 1), 1, 2048, 512, "NCX")                      # 4 MB
+    assert packed((3, 3), 1, 64, 64, "NCX") == (isa == "avx2")      # 144 KB
     assert packed((3, 3), 1, 64, 64, "NXC")
     assert not packed((1, 1, 1), 10, 1, 2, "NXC")    # grouped 1x1, 1 -> 2 per group: 0.7
     # 1x1 f32 channels-last: short rows are read in place, long ones packed
@@ -626,6 +632,11 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
     assert not packed((1, 1), 1, 256, 64, "NXC")
     assert packed((1, 1), 1, 64, 64, "NXC") == (isa == "avx2")
     assert packed((1, 1), 1, 256, 128, "NXC") == (isa == "avx2")
+    ncx = KernelConfig("bwd_weights", (1, 1), (1, 1), (1, 1), 1, 256, 1024, "NCX", "OIX",
+                       "f32", isa)
+    assert weight_tiles(ncx)["vec_block"] == 2
+    assert weight_tiles(replace(ncx, cout_per_group=512))["vec_block"] == (
+        2 if isa == "avx2" else 4)
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])

@@ -86,11 +86,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     for geometry in NCX_WEIGHT_GEOMETRY.values():
         run_case(make_case("ConvolutionBackwardWeights", **geometry, in_channels=38,
                            out_channels=22, data_format="NCX"), num_threads=2)
-    from test_ops import PACKED_WEIGHT_GEOMETRY  # chunks packed into panels
+    import convgrad  # chunks packed into panels (NCX f32: diff_dst transposed in registers)
+    from test_ops import PACKED_WEIGHT_GEOMETRY, run_with_plan
     for name, fmt, dtype in (("3x3", "NXC", "f32"), ("1x1 strided", "NCX", "bf16"),
-                             ("3d", "NCX", "f32")):
-        run_case(make_case("ConvolutionBackwardWeights", **PACKED_WEIGHT_GEOMETRY[name],
-                           data_format=fmt, dtype=dtype), num_threads=2)
+                             ("3d", "NCX", "f32"), ("pointwise", "NCX", "f32")):
+        run_with_plan(make_case("ConvolutionBackwardWeights", **PACKED_WEIGHT_GEOMETRY[name],
+                                data_format=fmt, dtype=dtype), {{"packed": 1}},
+                      convgrad.cpu.available_isas()[0], 2)
     from test_ops import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
