@@ -637,6 +637,11 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
     assert weight_tiles(ncx)["vec_block"] == 2
     assert weight_tiles(replace(ncx, cout_per_group=512))["vec_block"] == (
         2 if isa == "avx2" else 4)
+    # ...and 1x1 f32 NXC layers with 128-256 outputs on avx512
+    nxc = replace(ncx, data_format="NXC", cin_per_group=512, cout_per_group=128)
+    for cout, avx512_block in ((64, 4), (128, 2), (256, 2), (512, 4)):
+        expected = 2 if isa == "avx2" else avx512_block
+        assert weight_tiles(replace(nxc, cout_per_group=cout))["vec_block"] == expected
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
