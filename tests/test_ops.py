@@ -245,12 +245,12 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
-@pytest.mark.parametrize("width", [7, 15, 40])
+@pytest.mark.parametrize("width", [7, 14, 15, 40])
 @pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f16")])
 def test_data_gradient_rows_with_and_without_padded_columns(isa, op, width, data_format,
                                                              dtype, monkeypatch):
     """Narrow outputs copy the input with zero columns so a row is one run (7 pixels: one
-    long tile where 28 accumulators fit); wide ones keep runs cut at the edges. Kernel
+    long tile where 28 accumulators fit, 14: two); wide ones keep runs cut at the edges. Kernel
     3 wide, dilation 2 in w, stride 2 in h, asymmetric pads, 70 channels (a vector tail)."""
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     attrs = dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 3], pads_end=[0, 1])
