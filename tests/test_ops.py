@@ -244,6 +244,20 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("spatial,batch", [((5, 7), 2), ((40, 33), 3)])
+def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, monkeypatch):
+    """Depthwise weight gradients: threads share (row block, channel block) pairs, so a
+    small image with many channels (one row block) runs on several; exact and the same
+    bits on 1, 2 and 3 threads (200 channels: several vector blocks and a tail)."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case("ConvolutionBackwardWeights", spatial=spatial, kernel=(3, 3), groups=200,
+                     in_channels=200, out_channels=200, batch=batch,
+                     attrs=dict(pads_begin=1, pads_end=1), seed=5)
+    for threads in (1, 2, 3):
+        run_with_plan(case, {}, isa, threads)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("width", [7, 14, 15, 40])
 @pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f16")])
