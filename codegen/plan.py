@@ -25,7 +25,8 @@ PLAN_CHOICES = {
     "pad_columns": "data gradients: 0 keeps runs cut at the edges, 1 pads narrow rows",
     "point_vb_inner": "1x1 data gradients: 1 runs a pixel block's vector blocks together",
     "ncx_in_place": "1x1 NCX f32 data gradients: 1 reads NCX in place, 0 transposes",
-    "slide": "depthwise data gradients: 1 uses sliding tiles where stride 1 allows",
+    "slide": "depthwise gradients: 1 uses sliding tiles (data) or a sliding window of src "
+             "columns (weights) where stride 1 allows",
     "packed": "weight gradients: 1 copies chunks into panels, 0 reads in place",
     "ncx_dot": "NCX f32 weight gradients with stride 1 along w: 1 packs runs of pixels of "
                "both inputs and multiplies them (dot products), 0 broadcasts src",
@@ -565,17 +566,35 @@ def data_across_groups_eligible(config: KernelConfig) -> bool:
 MAX_SPREAD_PRODUCTS = 2 * PARTIAL_PRODUCTS
 
 
-def depthwise_weight_rows(config: KernelConfig) -> dict:
+# Depthwise weight gradients with stride 1 along w can take the columns every w tap
+# reaches this many at a time, each src column loaded once into a window of registers (2
+# loads per KW multiply-adds, not KW + 1). A tuning candidate only: the window costs
+# registers, so fewer channel vectors per row pass, and narrow rows lose more by that
+# than they gain. Sapphire Rapids, MobileNet stride-1 layers, batch 8, 1 thread, pair
+# ratios sliding / not: avx2 (2 vectors, not 3) 32 channels on 112x112 1.29, 128 on
+# 56x56 1.12, 512 on 14x14 0.73, 1024 on 7x7 0.61; avx512 (4 vectors either way)
+# 1.01, 0.90, 0.98, 1.00.
+DEPTHWISE_WEIGHT_SLIDE = 8
+
+
+def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Channel vectors per depthwise weight-gradient row kernel: KW taps x vectors of
-    sums stay in registers, next to the diff_dst vectors."""
+    sums stay in registers, next to the diff_dst vectors (and, sliding, a window of
+    (KW - 1) x DW + 1 src vectors)."""
     lanes = VECTOR_LANES[config.isa]
     vectors = -(-config.groups // lanes)
-    taps_w = config.kernel[-1]
-    block = max(1, min(vectors, MAX_VECTOR_BLOCK[config.isa],
-                       ACCUMULATORS[config.isa] // (taps_w + 1)))
+    taps_w, dilation = config.kernel[-1], config.dilations[-1]
+    window = (taps_w - 1) * dilation + 1
+    slide = (config.strides[-1] == 1 and taps_w > 1 and window <= MAX_UNROLLED_TAPS
+             and bool(plan.get("slide", 0)))
+    per_vector = taps_w + window + 1 if slide else taps_w + 1
+    budget = REGISTERS[config.isa] if slide else ACCUMULATORS[config.isa]
+    block = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
+                       budget // per_vector))
     last = vectors - (-(-vectors // block) - 1) * block
     return {"vec_block": block, "vec_last": last, "row_vecs": sorted({block, last}),
-            "max_unrolled_taps": MAX_UNROLLED_TAPS}
+            "max_unrolled_taps": MAX_UNROLLED_TAPS,
+            "slide_pixels": DEPTHWISE_WEIGHT_SLIDE if slide else 0}
 
 
 # Channels-first f32 1x1 data gradients (stride 1, no pads) read and write NCX in place:
@@ -653,7 +672,7 @@ def pad_columns_below(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN
 def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     """The template that computes this configuration, and its tiles."""
     if config.family == "bwd_weights" and config.depthwise:
-        return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config)}
+        return {"body": "depthwise_weights.c.j2", **depthwise_weight_rows(config, plan)}
     if config.family == "bwd_weights":
         grouped = weights_across_groups(config, plan)
         if grouped["group_lanes"]:
@@ -783,7 +802,8 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
     isa = config.isa
     if config.family == "bwd_weights":
         if config.depthwise:
-            return []
+            slides = depthwise_weight_rows(config, {"slide": 1})["slide_pixels"]
+            return [{"slide": 1}] if slides else []
         flip = ([{"group_lanes": int(not weights_across_groups(config)["group_lanes"])}]
                 if weights_across_groups_eligible(config) else [])
         if weights_across_groups(config)["group_lanes"]:
