@@ -34,6 +34,8 @@ PLAN_CHOICES = {
     "max_slices": "weight gradients: most pixel slices (a power of two)",
     "group_lanes": "grouped layers: 1 vectorises across the groups (lanes over every "
                    "channel of the vectorised side), 0 over one group's channels",
+    "spread_whole_mb": "data gradients across groups: MB of spread input up to which it is "
+                       "spread whole up front, else row by row (0: always row by row)",
 }
 EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
 MAX_CANDIDATES = 8
@@ -507,6 +509,13 @@ GROUP_LANES_SHARES = {"weights": (6, 3, 3), "data": (4, 2, 0)}
 # 1.10; ResNeXt conv_3d:1 (57 KB a row, so two rows either way) 1.01 / 1.03; 2-D layers
 # 0.95-1.04. At 128 KB, whole spread blocks (2.4 MB on conv_3d:1) had run at 0.70x.
 GROUP_LANES_SPREAD_BYTES = 24 * 1024
+# Data gradients spread their input whole up front while the spread copy takes at most
+# this (a last-level cache: Zen 3's L3), else row by row as each thread's output rows
+# read them. Sapphire Rapids, batch 8, pair ratios rows / whole, 1 / 2 threads, avx2 and
+# avx512: ResNeXt conv_3d:1 (8x56x56, 4 channels per group, 154 MB spread) 1.95-2.03,
+# 3d_gconv block-4 (21^3, 28-38 MB) 1.05-1.11, but 3d_gconv s2 (11-22 MB, short rows)
+# 0.85-0.94.
+SPREAD_WHOLE_BYTES = 32 * 1024 * 1024
 
 
 def _across_groups_by_rule(config: KernelConfig) -> bool:
@@ -689,7 +698,9 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                 "pad_columns_below": 0 if grouped else pad_columns_below(config, plan),
                 "vector_per_group": config.vector_channels if grouped else 1,
                 "reduced_per_group": _reduced_channels(config) if grouped else 1,
-                "spread_input": True, "round_in_tiles": False, "pointwise_ncx": False,
+                "spread_input": True,
+                "spread_whole_bytes": plan.get("spread_whole_mb", SPREAD_WHOLE_BYTES >> 20) << 20,
+                "round_in_tiles": False, "pointwise_ncx": False,
                 **direct_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
@@ -786,7 +797,7 @@ def render_context(config: KernelConfig, generator_version: str,
         "round_in_tiles": config.dtype != "f32" and config.data_format == "NXC"
         and config.family != "bwd_weights" and not config.depthwise,
         "no_scratch": False,  # True: the body copies no whole data tensor
-        "spread_input": False,  # True: data gradients across groups spread their input
+        "spread_input": False,  # True: compute() takes scratch for spread input rows
         "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
         # NCX blocks of VL channels x VL pixels transposed in registers: into f32 scratch
         # (whole tensors or chunks) and into the packed plan's diff_dst panels
@@ -823,7 +834,8 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
     if data_across_groups_eligible(config):
         flip = {"group_lanes": int(not data_across_groups(config))}
         if not flip["group_lanes"]:
-            return [flip] + [{"vec_block": b} for b in range(1, MAX_VECTOR_BLOCK[isa] + 1)]
+            return [flip, {"spread_whole_mb": 0}] + [
+                {"vec_block": b} for b in range(1, MAX_VECTOR_BLOCK[isa] + 1)]
         found = [flip]
     else:
         found = []

@@ -561,8 +561,9 @@ GROUP_LANES_GEOMETRY = {
                                                ("NCX", "f16")])
 def test_grouped_layers_across_groups(isa, op, geometry, data_format, dtype, monkeypatch):
     """Grouped layers vectorised across the groups (weight gradients with diff_dst, data
-    gradients with their input spread to the lanes), forced on every ISA path where the
-    rules would not take it: exact, and the same bits on 1, 2 and 3 threads."""
+    gradients with their input spread to the lanes, whole or row by row), forced on every
+    ISA path where the rules would not take it: exact, and the same bits on 1, 2 and 3
+    threads."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import data_across_groups, weights_across_groups
 
@@ -580,6 +581,9 @@ def test_grouped_layers_across_groups(isa, op, geometry, data_format, dtype, mon
     assert taken
     for threads in (1, 2, 3):
         run_with_plan(case, plan, isa, threads)
+    if config.family != "bwd_weights":  # the input spread row by row, not whole
+        for threads in (1, 2, 3):
+            run_with_plan(case, {**plan, "spread_whole_mb": 0}, isa, threads)
 
 
 def test_grouped_layers_across_groups_by_rule():

@@ -135,6 +135,8 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         for op in ("ConvolutionBackwardWeights", "ConvolutionBackwardData"):
             run_case(make_case(op, **GROUP_LANES_GEOMETRY[name], data_format=fmt,
                                dtype=dtype), num_threads=2)
+    run_with_plan(make_case("ConvolutionBackwardData", **GROUP_LANES_GEOMETRY["1x6"]),
+                  {{"group_lanes": 1, "spread_whole_mb": 0}}, convgrad.cpu.available_isas()[0], 3)
     print("ok")
 """),
 }
