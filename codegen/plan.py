@@ -377,13 +377,14 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     vectors = -(-config.cout_per_group // lanes)
     rule = MAX_VECTOR_BLOCK[config.isa]
     sums_bytes = _weight_sums_bytes(config)
-    if all(k == 1 for k in config.kernel):
+    one_tap = all(k == 1 for k in config.kernel)  # 1x1, any stride
+    if one_tap:
         rule = POINTWISE_WEIGHT_VECTOR_BLOCK.get(config.isa, rule)
     if config.data_format == "NCX" and config.pointwise and sums_bytes > SUMS_IN_L2_BYTES:
         rule = min(rule, NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK)
     low, high = NXC_POINTWISE_MID_COUT
     if (lanes == 16 and config.data_format == "NXC" and config.dtype == "f32"
-            and all(k == 1 for k in config.kernel) and low <= config.cout_per_group <= high):
+            and one_tap and low <= config.cout_per_group <= high):
         rule = 2
     block = min(vectors, plan.get("vec_block", rule))
     last = vectors - (-(-vectors // block) - 1) * block
@@ -413,7 +414,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         channels * kd_kh + config.cout_per_group)
     cin, cout = config.groups * channels, config.groups * config.cout_per_group
     in_place = (config.data_format == "NXC" and config.dtype == "f32" and lanes in IN_PLACE_MAX_CIN
-                and all(k == 1 for k in config.kernel)
+                and one_tap
                 and IN_PLACE_MIN_CIN[lanes] <= cin <= IN_PLACE_MAX_CIN[lanes]
                 and cout <= IN_PLACE_MAX_COUT[lanes])
     if config.data_format == "NCX":
