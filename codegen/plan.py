@@ -34,6 +34,8 @@ PLAN_CHOICES = {
     "max_slices": "weight gradients: most pixel slices (a power of two)",
     "group_lanes": "grouped layers: 1 vectorises across the groups (lanes over every "
                    "channel of the vectorised side), 0 over one group's channels",
+    "image_block_kb": "NCX data gradients: KB of f32 input and result copies per block of "
+                      "images (0: the whole batch at once)",
     "spread_whole_mb": "data gradients across groups: MB of spread input up to which it is "
                        "spread whole up front, else row by row (0: always row by row)",
 }
@@ -245,6 +247,11 @@ PAD_MAX_ZEROS_PERCENT = 10
 # x faster unpadded; a 5x5 dilated stride-2 layer (1200) and ResNet-50's 3x3 layers
 # (2304, 4608) gain or break even padded (Zen 3 avx2, batch 8, 1 / 2 threads).
 PAD_MIN_FMAS = 1024
+# Channels-first data gradients copy their input into f32 channels-last scratch and
+# their result back out; a block of images at a time, whose two copies take at most this
+# many bytes (at least one image), keeps both copies in cache between the tiles and the
+# transposes instead of sending the whole batch's through memory twice.
+IMAGE_BLOCK_BYTES = 1 << 20
 
 # 1x1 stride-1 data gradients run all the vector blocks of a block of pixels together
 # (the input read once) while their weights take at most this; larger weights go vector
@@ -679,6 +686,15 @@ def pad_columns_below(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN
     return PAD_COLUMNS_PER_TAP * extent
 
 
+def image_block_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
+    """Bytes of f32 input and result copies per block of images a channels-first data
+    gradient copies in, computes and copies out before the next (0: the whole batch at
+    once)."""
+    if config.data_format != "NCX" or uses_bf16_dot(config):
+        return 0
+    return plan.get("image_block_kb", IMAGE_BLOCK_BYTES >> 10) << 10
+
+
 def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     """The template that computes this configuration, and its tiles."""
     if config.family == "bwd_weights" and config.depthwise:
@@ -707,6 +723,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
                                      ncx.get("ncx_tiles", []))
     return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
+            "image_block_bytes": image_block_bytes(config, plan),
             "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx}
 
 
@@ -799,6 +816,7 @@ def render_context(config: KernelConfig, generator_version: str,
         and config.family != "bwd_weights" and not config.depthwise,
         "no_scratch": False,  # True: the body copies no whole data tensor
         "spread_input": False,  # True: compute() takes scratch for spread input rows
+        "image_block_bytes": 0,  # > 0: data_entry runs blocks of images (direct.c.j2)
         "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
         # NCX blocks of VL channels x VL pixels transposed in registers: into f32 scratch
         # (whole tensors or chunks) and into the packed plan's diff_dst panels
@@ -849,6 +867,8 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
         return found
     if pad_columns_below(config, {"pad_columns": 1}):
         found.append({"pad_columns": int(not pad_columns_below(config))})
+    if image_block_bytes(config):
+        found.append({"image_block_kb": 0})
     if tiles["pointwise"]:
         found.append({"point_vb_inner": int(not tiles["point_vb_inner"])})
     if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:

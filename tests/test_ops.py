@@ -452,6 +452,67 @@ def test_kernels_align_a_workspace_at_any_address(op, data_format):
         assert (block[offset + size:] == 0xA5).all() and (block[:offset] == 0xA5).all()
 
 
+IMAGE_BLOCK_GEOMETRY = {
+    # 3x3 with pads on rows narrow enough to be padded (the padded copy per block)
+    "3x3 padded": dict(spatial=(30, 13), kernel=(3, 3), in_channels=5, out_channels=7,
+                       attrs=dict(pads_begin=1, pads_end=1)),
+    # strides and dilation: phases of the data gradient; rows too wide to pad
+    "strided": dict(spatial=(27, 40), kernel=(3, 2), in_channels=3, out_channels=6,
+                    attrs=dict(strides=[2, 3], dilations=[2, 1], pads_begin=[1, 0],
+                               pads_end=[2, 1])),
+    # strided 1x1 (ResNet's projection shortcuts), 1-D and 3-D
+    "1x1 strided": dict(spatial=(24, 22), kernel=(1, 1), in_channels=9, out_channels=20,
+                        attrs=dict(strides=[2, 2])),
+    "1d": dict(spatial=(700,), kernel=(5,), in_channels=6, out_channels=4,
+               attrs=dict(pads_begin=[2], pads_end=[2])),
+    "3d": dict(spatial=(6, 11, 12), kernel=(3, 1, 3), in_channels=4, out_channels=5,
+               attrs=dict(pads_begin=[1, 0, 1], pads_end=[1, 0, 1])),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geometry", sorted(IMAGE_BLOCK_GEOMETRY))
+@pytest.mark.parametrize("op,dtype", [("ConvolutionBackwardData", "f32"),
+                                      ("ConvolutionBackwardData", "f16"),
+                                      ("ConvTransposeBackwardData", "f32")])
+def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
+    """NCX data gradients copy in, compute and copy out a block of images at a time
+    (forced here to one image per thread: blocks of 1-3 images, the last one short):
+    exact on 1, 2 and 3 threads, and with a smaller workspace than the whole batch's."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
+                     dtype=dtype, seed=17)
+    a, b = case.inputs[:2]
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
+    config = problem.config.with_isa(isa)
+    for threads in (1, 2, 3):
+        run_with_plan(case, {"image_block_kb": 1}, isa, threads)
+        dims = kernels.dims_of(problem, threads)
+        assert (kernels.get_kernel(config, {"image_block_kb": 1}).workspace_size(dims)
+                < kernels.get_kernel(config, {"image_block_kb": 0}).workspace_size(dims))
+    run_with_plan(case, {"image_block_kb": 0}, isa, 2)
+
+
+def test_image_blocks_by_rule():
+    """The planner (pure: no CPU needed) blocks images in channels-first data gradients
+    (IMAGE_BLOCK_BYTES of copies per thread; 0 in a plan: the whole batch), never in
+    channels-last ones (no copies, or rounded in the tiles) nor with bf16 pairs."""
+    from convgrad.codegen.plan import IMAGE_BLOCK_BYTES, image_block_bytes
+
+    def config(fmt="NCX", dtype="f32", isa="avx2", family="bwd_data"):
+        return KernelConfig(family, (3, 3), (1, 1), (1, 1), 1, 64, 64, fmt, "OIX", dtype, isa)
+
+    assert image_block_bytes(config()) == IMAGE_BLOCK_BYTES
+    assert image_block_bytes(config(dtype="f16", isa="avx512")) == IMAGE_BLOCK_BYTES
+    assert image_block_bytes(config(), {"image_block_kb": 64}) == 64 << 10
+    for never in (config(fmt="NXC"), config(fmt="NXC", dtype="bf16"),
+                  config(dtype="bf16", isa="avx512bf16")):
+        assert image_block_bytes(never) == 0
+    assert image_block_bytes(config(), {"image_block_kb": 0}) == 0
+
+
 PACKED_WEIGHT_GEOMETRY = {
     # taps, stride, dilation, groups, pads; about 2 chunks per image
     "3x3": dict(spatial=(14, 11), kernel=(3, 3), in_channels=124, out_channels=124, groups=2,

@@ -137,6 +137,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                                dtype=dtype), num_threads=2)
     run_with_plan(make_case("ConvolutionBackwardData", **GROUP_LANES_GEOMETRY["1x6"]),
                   {{"group_lanes": 1, "spread_whole_mb": 0}}, convgrad.cpu.available_isas()[0], 3)
+    # NCX data gradients a block of images at a time (one per thread; the last block
+    # short), padded rows in the block's copy
+    from test_ops import IMAGE_BLOCK_GEOMETRY
+    for name in ("3x3 padded", "strided"):
+        run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
+                                batch=5, data_format="NCX"),
+                      {{"image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 3)
     print("ok")
 """),
 }
