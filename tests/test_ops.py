@@ -684,8 +684,9 @@ def test_grouped_layers_across_groups_by_rule():
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
-    """The planner's rule (pure: no CPU needed), on both vector widths; 1x1 stride-1 NCX
-    layers whose sums exceed L2 take blocks of 2 vectors."""
+    """The planner's rule (pure: no CPU needed), on both vector widths; strided 1x1
+    channels-last layers pack; 1x1 stride-1 NCX layers whose sums exceed L2 take blocks
+    of 2 vectors."""
     from convgrad.codegen.plan import weight_tiles
 
     def packed(kernel, groups, cin_per_group, cout_per_group, data_format, dtype="f32"):
@@ -711,6 +712,9 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
     assert not packed((1, 1), 1, 256, 64, "NXC")
     assert packed((1, 1), 1, 64, 64, "NXC") == (isa == "avx2")
     assert packed((1, 1), 1, 256, 128, "NXC") == (isa == "avx2")
+    strided = KernelConfig("bwd_weights", (1, 1), (2, 2), (1, 1), 1, 256, 128, "NXC", "XIO",
+                           "f32", isa)  # strided 1x1: only the pixels read, packed
+    assert weight_tiles(strided)["packed"]
     ncx = KernelConfig("bwd_weights", (1, 1), (1, 1), (1, 1), 1, 256, 1024, "NCX", "OIX",
                        "f32", isa)
     assert weight_tiles(ncx)["vec_block"] == 2
