@@ -191,6 +191,8 @@ MAX_SLICES = 8
 SLICE_MIN_PIXELS = 1024
 SLICE_SUMS_BYTES = 2 * 1024 * 1024
 
+# Rows of weight sums a multiple of this many floats (2 KB) apart are padded by a vector.
+SUMS_ROW_ALIAS_FLOATS = 512
 # Weight gradients use packed panels where a packed value feeds this many FMAs.
 PACKED_MIN_FMAS = 4
 # Channels-first (NCX) weight gradients read src in place (tiles broadcast along its
@@ -424,13 +426,13 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     fmas_per_value = channels * config.cout_per_group * prod(config.kernel) / (
         channels * kd_kh + config.cout_per_group)
     cin, cout = config.groups * channels, config.groups * config.cout_per_group
-    in_place = (config.data_format == "NXC" and config.dtype == "f32" and lanes in IN_PLACE_MAX_CIN
-                and config.pointwise
-                and IN_PLACE_MIN_CIN[lanes] <= cin <= IN_PLACE_MAX_CIN[lanes]
-                and cout <= IN_PLACE_MAX_COUT[lanes])
     if config.data_format == "NCX":
         in_place = cout <= cin and sums_bytes <= NCX_IN_PLACE_MAX_SUMS.get(
             lanes, NCX_IN_PLACE_MAX_SUMS[8])
+    else:
+        in_place = (config.dtype == "f32" and lanes in IN_PLACE_MAX_CIN and config.pointwise
+                    and IN_PLACE_MIN_CIN[lanes] <= cin <= IN_PLACE_MAX_CIN[lanes]
+                    and cout <= IN_PLACE_MAX_COUT[lanes])
     packed = not flatten_w and not uses_bf16_dot(config) and bool(plan.get(
         "packed", not in_place and fmas_per_value >= PACKED_MIN_FMAS))
     # Otherwise tiles broadcast src values, so NCX src needs no transpose: each tile row
@@ -439,7 +441,12 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     src_channels_first = config.data_format == "NCX" and not flatten_w and not (
         uses_bf16_dot(config) or packed)
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
+    # floats per input channel of the sums, one vector more where rows 2 KB apart would
+    # put a tile's rows of sums in one or two sets of L1
+    row = vectors * lanes
+    sums_row = row + (lanes if row % SUMS_ROW_ALIAS_FLOATS == 0 else 0)
     return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w,
+            "sums_row": sums_row,
             "packed": packed, "partial_pixels": partial_steps(config),
             "max_slices": _max_slices(sums_bytes, plan),
             "slice_min_pixels": SLICE_MIN_PIXELS,
