@@ -145,6 +145,12 @@ MAX_TILE_ROWS = 14
 # 1.08 (2) over ResNet-50's nine, from 0.98 to 1.28.
 WIDE_VECTOR_BLOCK = {"avx2": 4}
 WIDE_MAX_CHANNELS = 128
+# ...but not on Intel's cores, where the same tiles lose to 4 x 3: Sapphire Rapids'
+# avx2 path, ResNet-50 NXC data, batch 8, pair ratios 4 x 3 / 3 x 4 over its 20 layers
+# (1.00 where the wide rule does not apply): geomean 1.026 on 1 thread and 1.025 on 2,
+# from 0.99 to 1.10 (res2a_branch2b 3x3 64 ch 1.10 / 1.06, res4b_branch2a 1x1 1024->256
+# 1.08 / 1.06). KernelConfig names no CPU, so a vendor's rule is a plan: vendor_plan().
+NARROW_VENDORS = {"avx2": ("GenuineIntel",)}
 # 1x1 weight gradients on avx2 take tiles of 6 input channels x 2 vectors rather than
 # 4 x 3. Zen 3, batch 8, pair ratios 2 vectors / 3 over ResNet-50's 12 1x1 layers, NXC:
 # 0.99-1.13 (geomean 1.05 on 1 and on 2 threads), largest where 3-vector blocks leave a
@@ -312,6 +318,25 @@ def partial_steps(config: KernelConfig) -> int:
     return products // 2 if uses_bf16_dot(config) else products
 
 
+def _wide_vector_block(config: KernelConfig, across: bool) -> bool:
+    """Whether the rules take WIDE_VECTOR_BLOCK for direct tiles (fwd, bwd_data) that
+    run `across` the groups or over one group's channels (at most WIDE_MAX_CHANNELS of
+    them, or 1x1)."""
+    return (config.isa in WIDE_VECTOR_BLOCK and config.family != "bwd_weights"
+            and not across
+            and (config.pointwise or config.vector_channels <= WIDE_MAX_CHANNELS))
+
+
+def vendor_plan(config: KernelConfig, vendor: str) -> dict[str, int]:
+    """The rules' plan on a CPU of `vendor` (/proc/cpuinfo's vendor_id, archspec's
+    Target.vendor; "" where unknown): {} but where a vendor was measured apart from
+    the CPUs the rules were set on (NARROW_VENDORS)."""
+    across = config.depthwise or data_across_groups(config)
+    if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
+        return {"vec_block": MAX_VECTOR_BLOCK[config.isa]}
+    return {}
+
+
 def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
@@ -322,8 +347,8 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         channels *= config.groups
     vectors = -(-channels // lanes)
     rule = MAX_VECTOR_BLOCK[config.isa]
-    if not across and (config.pointwise or channels <= WIDE_MAX_CHANNELS):
-        rule = WIDE_VECTOR_BLOCK.get(config.isa, rule)
+    if _wide_vector_block(config, across):
+        rule = WIDE_VECTOR_BLOCK[config.isa]
     block = min(vectors, plan.get("vec_block", rule))
     last = vectors - (-(-vectors // block) - 1) * block
     rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block,
@@ -889,12 +914,14 @@ def _variations(config: KernelConfig) -> list[dict[str, int]]:
     return found
 
 
-def candidates(config: KernelConfig) -> list[dict[str, int]]:
-    """The plans a tuner times for this configuration: the default first, then up to
-    MAX_CANDIDATES - 1 variations that each render different C."""
-    found = [{}]
-    seen = [_spelling(config, {})]
-    for plan in _variations(config):
+def candidates(config: KernelConfig, vendor: str = "") -> list[dict[str, int]]:
+    """The plans a tuner times for this configuration on a CPU of `vendor`: the rules'
+    plan there first (vendor_plan), then up to MAX_CANDIDATES - 1 variations that each
+    render different C."""
+    first = vendor_plan(config, vendor)
+    found = [first]
+    seen = [_spelling(config, first)]
+    for plan in [{}, *_variations(config)]:
         spelling = _spelling(config, plan)
         if spelling not in seen:
             found.append(plan)

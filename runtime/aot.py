@@ -32,7 +32,7 @@ from convgrad.cache import cache_dir, file_digest
 from convgrad.codegen import OPS, KernelConfig, generator_version, render
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
-from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name
+from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name, vendor_plan
 from convgrad.codegen.render import render_header
 from convgrad.codegen.targets import Target
 from convgrad.compiler import (
@@ -41,7 +41,7 @@ from convgrad.compiler import (
     compiler_identity,
     link_shared,
 )
-from convgrad.cpu import available_isas, host_family, selected_isa
+from convgrad.cpu import available_isas, cpu_vendor, host_family, selected_isa
 from convgrad.kernels import source_checkout
 from convgrad.onnx_layers import load_onnx
 from convgrad.reference import reference
@@ -115,7 +115,7 @@ def tune(layers: list[Layer], *, isa: str, jobs: int, threads: int,
     if isa not in available_isas():
         raise ValueError(f"--tune times kernels on this machine, which cannot run isa {isa}")
     configs = kernels_of(layers, isa)
-    pairs = [(config, plan) for config in configs for plan in candidates(config)]
+    pairs = [(config, plan) for config in configs for plan in candidates(config, cpu_vendor())]
     done = [0]
 
     def compiled_one() -> None:
@@ -155,14 +155,17 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
           progress=None, tuned: dict[KernelConfig, dict] | None = None,
           target: Target | None = None) -> BuildResult:
     """Renders, compiles and links the kernels of `layers` into `output`, each with
-    its tuned plan where `tuned` has a record for it (else the planner's rules).
+    its tuned plan where `tuned` has a record for it, else the planner's rules for the
+    target's vendor (this CPU's without a target).
 
     The folder is written fully before its manifest, which is replaced
     atomically, so a reader never sees a manifest naming missing kernels."""
     started = time.perf_counter()
     configs = kernels_of(layers, isa)
     tuned = tuned or {}
-    plans = {c: check_plan(tuned[c]["plan"]) if c in tuned else {} for c in configs}
+    vendor = target.vendor if target else cpu_vendor()
+    plans = {c: check_plan(tuned[c]["plan"]) if c in tuned else vendor_plan(c, vendor)
+             for c in configs}
     # The ISA the kernels really use (avx512bf16 is avx512 for f32/f16 kernels): the
     # compile flags and the CPU features the manifest requires.
     isa = max((config.isa for config in configs), key=ISAS.index, default=isa)

@@ -47,6 +47,12 @@ def cpu_model() -> str:
     return f"{name} ({', '.join(numbers)})" if numbers else name
 
 
+def cpu_vendor() -> str:
+    """This CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"; ""
+    where it names none): a few of the planner's rules differ by vendor (vendor_plan)."""
+    return _cpuinfo().get("vendor_id", "")
+
+
 def host_family() -> str:
     """This machine's architecture family as archspec names them (x86_64, aarch64, ...)."""
     machine = platform.machine().lower()

@@ -15,10 +15,10 @@ import cffi
 from convgrad import cache
 from convgrad.cache import file_digest
 from convgrad.codegen import KernelConfig, generator_version
-from convgrad.codegen.plan import check_plan, kernel_name, plan_key
+from convgrad.codegen.plan import check_plan, kernel_name, plan_key, vendor_plan
 from convgrad.codegen.render import render_dims_declaration
 from convgrad.compiler import CompilerNotFoundError
-from convgrad.cpu import available_isas, cpu_features, host_family
+from convgrad.cpu import available_isas, cpu_features, cpu_vendor, host_family
 
 log = logging.getLogger("convgrad")
 
@@ -143,8 +143,8 @@ def get_kernel(config: KernelConfig, plan: Mapping[str, int] | None = None) -> K
     """The kernel for `config`: already loaded, from an AOT build, or from the disk
     cache (compiled there first if needed). An AOT kernel for a lesser ISA this CPU
     runs is taken before compiling. `plan` None takes the AOT kernel whatever its plan
-    (a tuned build's), else the planner's rules; a given plan ({} for the rules) takes
-    exactly that one."""
+    (a tuned build's), else the planner's rules for this CPU (vendor_plan); a given plan
+    ({} for the rules on any CPU) takes exactly that one."""
     key = (config, None if plan is None else plan_key(plan))
     kernel = _loaded.get(key)
     if kernel is not None:
@@ -165,7 +165,8 @@ def _load(config: KernelConfig, plan: dict | None) -> Kernel:
             library, name, aot_plan = found
             log.debug("%s: ahead-of-time kernel from %s", name, library)
             return Kernel(config.with_isa(isa), *_bind(name, library), "aot", library, aot_plan)
-    plan = plan or {}
+    if plan is None:
+        plan = vendor_plan(config, cpu_vendor())
     try:
         path, compiled = cache.build(config, plan)
     except CompilerNotFoundError as error:

@@ -41,7 +41,7 @@ def test_first_call_compiles_then_memory_then_disk(fresh_cache, monkeypatch):
     kernel = _kernel_for(case)
     assert kernel.origin == "compiled"
     assert kernel.path.parent == fresh_cache and kernel.path.exists()
-    assert kernel.path.with_suffix(".c").read_text() == render(kernel.config)
+    assert kernel.path.with_suffix(".c").read_text() == render(kernel.config, kernel.plan)
 
     # Same process: no rendering, no compiling.
     def forbidden(*args, **kwargs):

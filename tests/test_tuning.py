@@ -100,6 +100,63 @@ def test_avx2_vector_blocks_stay_candidates():
                                                   isa="avx2"))
 
 
+def test_intel_keeps_avx2_data_tiles_of_3_vectors():
+    """On Intel the avx2 data tiles the wide rule gives 4 vectors keep 3 (NARROW_VENDORS):
+    that is the rules' plan there and the first candidate, with the vendor-free rules
+    a candidate too; other vendors, paths, ops and layers keep the rules."""
+    from convgrad.codegen.plan import WIDE_MAX_CHANNELS, direct_tiles, vendor_plan
+
+    wide = _config("bwd_data", (3, 3), 64, 64, isa="avx2")
+    intel = vendor_plan(wide, "GenuineIntel")
+    assert intel == {"vec_block": 3} and direct_tiles(wide, intel)["vec_block"] == 3
+    assert direct_tiles(wide)["vec_block"] == 4
+    assert candidates(wide, "GenuineIntel")[:2] == [intel, {}]
+    assert candidates(wide, "AuthenticAMD")[0] == {} and intel in candidates(wide)
+    assert vendor_plan(_config("bwd_data", (1, 1), 512, 256, isa="avx2"), "GenuineIntel")
+    for other, vendor in [(wide, "AuthenticAMD"), (wide, ""),
+                          (wide.with_isa("avx512"), "GenuineIntel"),
+                          (_config("bwd_weights", (3, 3), 64, 64, isa="avx2"), "GenuineIntel"),
+                          (_config("bwd_data", (3, 3), WIDE_MAX_CHANNELS + 8, 64, isa="avx2"),
+                           "GenuineIntel"),
+                          (_config("bwd_data", (3, 3), 1, 1, groups=32, isa="avx2"),
+                           "GenuineIntel")]:
+        assert vendor_plan(other, vendor) == {}, (other.name, vendor)
+
+
+@pytest.mark.skipif("avx2" not in ISAS, reason="this CPU does not run the avx2 path")
+@pytest.mark.parametrize("vendor, plan", [("GenuineIntel", {"vec_block": 3}),
+                                          ("AuthenticAMD", {})])
+def test_untuned_calls_and_aot_builds_take_the_vendors_rules(vendor, plan, tmp_path,
+                                                             monkeypatch):
+    """An untuned call runs the rules' plan for this CPU's vendor, exactly; an AOT build
+    takes its target's vendor."""
+    from convgrad import aot
+    from convgrad.codegen.targets import target
+
+    monkeypatch.setattr(kernels, "cpu_vendor", lambda: vendor)
+    monkeypatch.setenv("CONVGRAD_AOT_PATH", "")
+    monkeypatch.setenv("CONVGRAD_ISA", "avx2")
+    kernels.reset()
+    tuning.reset()
+    try:
+        case = make_case("ConvolutionBackwardData", spatial=(6, 7), kernel=(3, 3),
+                         in_channels=32, out_channels=8, batch=2, seed=5,
+                         attrs={"pads_begin": [1, 1], "pads_end": [1, 1]})
+        a, b = case.inputs[:2]
+        out = convgrad.execute(case.op, case.inputs, case.attrs, tune=False)
+        np.testing.assert_array_equal(out.view(np.uint32), case.expected(a.dtype).view(np.uint32))
+        problem = resolve("ConvolutionBackwardData", [a.shape, b.shape], case.attrs, None, "f32")
+        assert kernels.get_kernel(problem.config.with_isa("avx2")).plan == plan
+    finally:
+        kernels.reset()
+        tuning.reset()
+    layers = aot.read_layers([], ops=("ConvolutionBackwardData",))[:4]
+    name = "sapphirerapids" if vendor == "GenuineIntel" else "zen3"
+    result = aot.build(layers, tmp_path / "k", isa="avx2", jobs=2, target=target(name))
+    wide = [c for c in result.configs if c.vector_channels <= 128 or c.pointwise]
+    assert wide and all(result.plans[c] == plan for c in wide)
+
+
 def _workspace_bytes(op, plan, **params):
     case = make_case(op, **params)
     a, b = case.inputs[:2]
