@@ -474,6 +474,7 @@ IMAGE_BLOCK_GEOMETRY = {
 @pytest.mark.parametrize("geometry", sorted(IMAGE_BLOCK_GEOMETRY))
 @pytest.mark.parametrize("op,dtype", [("ConvolutionBackwardData", "f32"),
                                       ("ConvolutionBackwardData", "f16"),
+                                      ("ConvolutionBackwardData", "bf16"),
                                       ("ConvTransposeBackwardData", "f32")])
 def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
     """NCX data gradients copy in, compute and copy out a block of images at a time
@@ -497,8 +498,8 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
 
 def test_image_blocks_by_rule():
     """The planner (pure: no CPU needed) blocks images in channels-first data gradients
-    (IMAGE_BLOCK_BYTES of copies per thread; 0 in a plan: the whole batch), never in
-    channels-last ones (no copies, or rounded in the tiles) nor with bf16 pairs."""
+    (IMAGE_BLOCK_BYTES of copies per thread, f32 or bf16 pairs; 0 in a plan: the whole
+    batch), never in channels-last ones (no copies, or rounded in the tiles)."""
     from convgrad.codegen.plan import IMAGE_BLOCK_BYTES, image_block_bytes
 
     def config(fmt="NCX", dtype="f32", isa="avx2", family="bwd_data"):
@@ -506,9 +507,10 @@ def test_image_blocks_by_rule():
 
     assert image_block_bytes(config()) == IMAGE_BLOCK_BYTES
     assert image_block_bytes(config(dtype="f16", isa="avx512")) == IMAGE_BLOCK_BYTES
+    assert image_block_bytes(config(dtype="bf16", isa="avx512bf16")) == IMAGE_BLOCK_BYTES
     assert image_block_bytes(config(), {"image_block_kb": 64}) == 64 << 10
     for never in (config(fmt="NXC"), config(fmt="NXC", dtype="bf16"),
-                  config(dtype="bf16", isa="avx512bf16")):
+                  config(fmt="NXC", dtype="bf16", isa="avx512bf16")):
         assert image_block_bytes(never) == 0
     assert image_block_bytes(config(), {"image_block_kb": 0}) == 0
 
