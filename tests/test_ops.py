@@ -496,6 +496,32 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
     run_with_plan(case, {"image_block_kb": 0}, isa, 2)
 
 
+BF16_PAIR_GEOMETRY = {
+    # rows of 45 pixels (19-21 pairs inside), pads and a dilation move the pairs' first
+    # pixel by kw; 37 and 35 channels: two blocks of 16 and a tail
+    "3x3": dict(spatial=(3, 45), kernel=(3, 3), in_channels=37, out_channels=35,
+                attrs=dict(dilations=[1, 2], pads_begin=[1, 1], pads_end=[1, 2])),
+    # two groups of 24 input channels, an odd width (a last pixel without partner)
+    "1x1 groups": dict(spatial=(2, 71), kernel=(1, 1), in_channels=48, out_channels=40,
+                       groups=2),
+    "1d": dict(spatial=(100,), kernel=(5,), in_channels=16, out_channels=17,
+               attrs=dict(pads_begin=[2], pads_end=[3])),
+}
+
+
+@pytest.mark.skipif("avx512bf16" not in ISAS, reason="this CPU has no vdpbf16ps")
+@pytest.mark.parametrize("geometry", sorted(BF16_PAIR_GEOMETRY))
+@pytest.mark.parametrize("op", ["ConvolutionBackwardWeights", "ConvTransposeBackwardWeights"])
+def test_ncx_bf16_pixel_pairs_transposed(geometry, op):
+    """NCX bf16 weight gradients with vdpbf16ps copy the pixel pairs inside a row VL
+    pairs x VL channels at a time (interleave_rows), the rest pair by pair: exact with
+    pads, dilations, odd widths, channel tails and groups, on 1 and 2 threads."""
+    case = make_case(op, **BF16_PAIR_GEOMETRY[geometry], batch=2, data_format="NCX",
+                     dtype="bf16", seed=23)
+    for threads in (1, 2):
+        run_with_plan(case, {}, "avx512bf16", threads)
+
+
 def test_image_blocks_by_rule():
     """The planner (pure: no CPU needed) blocks images in channels-first data gradients
     (IMAGE_BLOCK_BYTES of copies per thread, f32 or bf16 pairs; 0 in a plan: the whole

@@ -93,6 +93,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardWeights", **PACKED_WEIGHT_GEOMETRY[name],
                                 data_format=fmt, dtype=dtype), {{"packed": 1}},
                       convgrad.cpu.available_isas()[0], 2)
+    from test_ops import BF16_PAIR_GEOMETRY  # NCX bf16 pixel pairs transposed (vdpbf16ps)
+    for geometry in BF16_PAIR_GEOMETRY.values():
+        run_case(make_case("ConvolutionBackwardWeights", **geometry, batch=2, data_format="NCX",
+                           dtype="bf16"), num_threads=2)
     from test_ops import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
@@ -140,9 +144,9 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     # NCX data gradients a block of images at a time (one per thread; the last block
     # short), padded rows in the block's copy
     from test_ops import IMAGE_BLOCK_GEOMETRY
-    for name in ("3x3 padded", "strided"):
+    for name, dtype in (("3x3 padded", "f32"), ("strided", "f32"), ("strided", "bf16")):
         run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
-                                batch=5, data_format="NCX"),
+                                batch=5, data_format="NCX", dtype=dtype),
                       {{"image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 3)
     print("ok")
 """),
