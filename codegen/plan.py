@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from math import prod
 from types import MappingProxyType
 
@@ -38,6 +39,8 @@ PLAN_CHOICES = {
                       "copies per block of images (0: the whole batch at once)",
     "spread_whole_mb": "data gradients across groups: MB of spread input up to which it is "
                        "spread whole up front, else row by row (0: always row by row)",
+    "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
+                "f32 and runs the f32 tiles",
 }
 EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
 MAX_CANDIDATES = 8
@@ -151,6 +154,12 @@ WIDE_MAX_CHANNELS = 128
 # from 0.99 to 1.10 (res2a_branch2b 3x3 64 ch 1.10 / 1.06, res4b_branch2a 1x1 1024->256
 # 1.08 / 1.06). KernelConfig names no CPU, so a vendor's rule is a plan: vendor_plan().
 NARROW_VENDORS = {"avx2": ("GenuineIntel",)}
+# bf16 widened to f32 (the f32 tiles) rather than multiplied in pairs with vdpbf16ps:
+# Intel's cores issue one vdpbf16ps a cycle against two FMAs, so the pairs gain no
+# arithmetic and their copies cost; Zen 4 runs vdpbf16ps at twice its f32 rate.
+# Sapphire Rapids, ResNet-50 batch 8, NXC, GFLOP/s widened / pairs (one run each):
+# data geomean 1.42 (1 thread) and 1.41 (2), 0.97-1.72; weights 1.85 and 1.84, 1.36-2.48.
+WIDEN_BF16_VENDORS = ("GenuineIntel",)
 # 1x1 weight gradients on avx2 take tiles of 6 input channels x 2 vectors rather than
 # 4 x 3. Zen 3, batch 8, pair ratios 2 vectors / 3 over ResNet-50's 12 1x1 layers, NXC:
 # 0.99-1.13 (geomean 1.05 on 1 and on 2 threads), largest where 3-vector blocks leave a
@@ -294,10 +303,12 @@ def best_isa(cpu_features: Iterable[str]) -> str:
     return runnable_isas(cpu_features)[0]
 
 
-def uses_bf16_dot(config: KernelConfig) -> bool:
+def uses_bf16_dot(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     """bf16 on a CPU with vdpbf16ps: the reductions multiply pairs of bf16 directly (the
-    depthwise kernels reduce over taps and pixels of one channel and stay f32)."""
-    return config.dtype == "bf16" and config.isa == "avx512bf16" and not config.depthwise
+    depthwise kernels reduce over taps and pixels of one channel and stay f32), unless
+    the plan widens them to f32 (bf16_dot 0: the rule on Intel, vendor_plan)."""
+    return (config.dtype == "bf16" and config.isa == "avx512bf16" and not config.depthwise
+            and bool(plan.get("bf16_dot", 1)))
 
 
 def _reduced_channels(config: KernelConfig) -> int:
@@ -305,7 +316,7 @@ def _reduced_channels(config: KernelConfig) -> int:
     return config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
 
 
-def partial_steps(config: KernelConfig) -> int:
+def partial_steps(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
     """Multiply steps a register takes before its sum joins the running total in memory,
     in a fixed order (short chains keep long reductions accurate); a vdpbf16ps step
     adds two products."""
@@ -317,7 +328,7 @@ def partial_steps(config: KernelConfig) -> int:
         total = reduced * taps  # products per output
         chains = PARTIAL_CHAINS if taps > 1 or total > PARTIAL_PRODUCTS else 1
         products = min(PARTIAL_PRODUCTS, max(MIN_PARTIAL_PRODUCTS, -(-total // chains)))
-    return products // 2 if uses_bf16_dot(config) else products
+    return products // 2 if uses_bf16_dot(config, plan) else products
 
 
 def _wide_vector_block(config: KernelConfig, across: bool) -> bool:
@@ -332,7 +343,9 @@ def _wide_vector_block(config: KernelConfig, across: bool) -> bool:
 def vendor_plan(config: KernelConfig, vendor: str) -> dict[str, int]:
     """The rules' plan on a CPU of `vendor` (/proc/cpuinfo's vendor_id, archspec's
     Target.vendor; "" where unknown): {} but where a vendor was measured apart from
-    the CPUs the rules were set on (NARROW_VENDORS)."""
+    the CPUs the rules were set on (NARROW_VENDORS, WIDEN_BF16_VENDORS)."""
+    if vendor in WIDEN_BF16_VENDORS and uses_bf16_dot(config):
+        return {"bf16_dot": 0}
     across = config.depthwise or data_across_groups(config)
     if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
         return {"vec_block": MAX_VECTOR_BLOCK[config.isa]}
@@ -367,7 +380,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     # Reduced channels per pass: that chunk's weights for every tap stay in L2.
     reduced = _reduced_channels(config)
     taps = prod(config.kernel)
-    elem_bytes = 2 if uses_bf16_dot(config) else 4
+    elem_bytes = 2 if uses_bf16_dot(config, plan) else 4
     chunk_bytes = plan.get("weight_chunk_kb", WEIGHT_CHUNK_BYTES // 1024) * 1024
     most = max(16, chunk_bytes // (taps * block * lanes * elem_bytes))
     # Near-equal chunks of whole pairs: 256 channels go as 128 + 128, not 226 + 30 (a
@@ -382,7 +395,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     return {"tile_rows": rows, "tile_rows_last": rows_last, "vec_block": block,
             "vec_last": last, "tiles": tiles,
             "long_tile": long_tile,
-            "reduce_chunk": chunk, "partial_steps": partial_steps(config),
+            "reduce_chunk": chunk, "partial_steps": partial_steps(config, plan),
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
             "pointwise": config.pointwise,
             # ...and runs the vector blocks of a block of pixels together where all the
@@ -431,10 +444,11 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     budget = min(ACCUMULATORS[config.isa] // block, plan.get("tile_rows", ACCUMULATORS[config.isa]))
     channels = config.cin_per_group
     # Few input channels: tile rows over (kw, channel) pairs fill the registers.
-    flatten_w = 2 * channels <= budget and config.kernel[-1] > 1 and not uses_bf16_dot(config)
+    dot = uses_bf16_dot(config, plan)
+    flatten_w = 2 * channels <= budget and config.kernel[-1] > 1 and not dot
     if flatten_w:
         rows, total = channels * (budget // channels), channels * config.kernel[-1]
-    elif uses_bf16_dot(config):  # rows run over (kw, channel) of the pixel-pair copy of src
+    elif dot:  # rows run over (kw, channel) of the pixel-pair copy of src
         total = channels * config.kernel[-1]
         rows = min(total, budget)
     else:
@@ -460,13 +474,13 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         in_place = (config.dtype == "f32" and lanes in IN_PLACE_MAX_CIN and config.pointwise
                     and IN_PLACE_MIN_CIN[lanes] <= cin <= IN_PLACE_MAX_CIN[lanes]
                     and cout <= IN_PLACE_MAX_COUT[lanes])
-    packed = not flatten_w and not uses_bf16_dot(config) and bool(plan.get(
+    packed = not flatten_w and not dot and bool(plan.get(
         "packed", not in_place and fmas_per_value >= PACKED_MIN_FMAS))
     # Otherwise tiles broadcast src values, so NCX src needs no transpose: each tile row
     # is a stream along the pixels of one channel (f32 is read in place, f16/bf16 widened
     # in their order). Only diff_dst, the vector operand, is made channels-last.
     src_channels_first = config.data_format == "NCX" and not flatten_w and not (
-        uses_bf16_dot(config) or packed)
+        dot or packed)
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
     # floats per input channel of the sums, one vector more where rows 2 KB apart would
     # put a tile's rows of sums in one or two sets of L1
@@ -474,7 +488,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     sums_row = row + (lanes if row % SUMS_ROW_ALIAS_FLOATS == 0 else 0)
     return {"tile_rows": rows, "vec_block": block, "tiles": tiles, "flatten_w": flatten_w,
             "sums_row": sums_row,
-            "packed": packed, "partial_pixels": partial_steps(config),
+            "packed": packed, "partial_pixels": partial_steps(config, plan),
             "max_slices": _max_slices(sums_bytes, plan),
             "slice_min_pixels": SLICE_MIN_PIXELS,
             "chunk_pixels": plan.get("chunk_pixels", CHUNK_PIXELS if in_l2 else 0),
@@ -576,7 +590,7 @@ def _across_groups_by_rule(config: KernelConfig) -> bool:
 def weights_across_groups(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The across-groups plan of a grouped weight gradient, or none: tiles of KW taps x
     outputs of a group x vectors of input channels of one (kd, kh) tap row."""
-    if not weights_across_groups_eligible(config) or not plan.get(
+    if not weights_across_groups_eligible(config, plan) or not plan.get(
             "group_lanes", _across_groups_by_rule(config)):
         return {"group_lanes": False}
     lanes, kw = VECTOR_LANES[config.isa], config.kernel[-1]
@@ -593,28 +607,30 @@ def weights_across_groups(config: KernelConfig, plan: Mapping[str, int] = EMPTY_
             "spread_bytes": GROUP_LANES_SPREAD_BYTES, "max_unrolled_taps": MAX_UNROLLED_TAPS}
 
 
-def weights_across_groups_eligible(config: KernelConfig) -> bool:
+def weights_across_groups_eligible(config: KernelConfig,
+                                    plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     """Whether the across-groups plan can compute this configuration: a grouped weight
     gradient, not depthwise, not bf16 pairs, whose KW sums of a tile fit the registers."""
     return (config.family == "bwd_weights" and config.groups > 1 and not config.depthwise
-            and not uses_bf16_dot(config)
+            and not uses_bf16_dot(config, plan)
             and config.kernel[-1] <= ACCUMULATORS[config.isa])
 
 
 def data_across_groups(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     """Whether a grouped data gradient (fwd, bwd_data) runs across the groups like a
     depthwise one (depthwise.c.j2), its input spread to the lanes."""
-    return data_across_groups_eligible(config) and bool(
+    return data_across_groups_eligible(config, plan) and bool(
         plan.get("group_lanes", _across_groups_by_rule(config)))
 
 
-def data_across_groups_eligible(config: KernelConfig) -> bool:
+def data_across_groups_eligible(config: KernelConfig,
+                                 plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     """Whether the across-groups plan can compute this data gradient: grouped, not
     depthwise (always across), not bf16 pairs; at most MAX_SPREAD_PRODUCTS products per
     output (taps x reduced channels per group: each pair is a tap of the tiles, summed
     in one register, so this bounds the chain as PARTIAL_PRODUCTS does elsewhere)."""
     return (config.family != "bwd_weights" and config.groups > 1 and not config.depthwise
-            and not uses_bf16_dot(config)
+            and not uses_bf16_dot(config, plan)
             and prod(config.kernel) * _reduced_channels(config) <= MAX_SPREAD_PRODUCTS)
 
 
@@ -719,7 +735,7 @@ def pad_columns_below(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN
     (Zen 4 avx512, 512 channels on 14x14: 32.9 GFLOP/s unpadded, 26.8 padded)."""
     extent = (config.kernel[-1] - 1) * config.dilations[-1]
     pays = not config.depthwise and prod(config.kernel) * config.vector_channels >= PAD_MIN_FMAS
-    if uses_bf16_dot(config) or not plan.get("pad_columns", pays):
+    if uses_bf16_dot(config, plan) or not plan.get("pad_columns", pays):
         return 0
     return PAD_COLUMNS_PER_TAP * extent
 
@@ -845,7 +861,7 @@ def render_context(config: KernelConfig, generator_version: str,
         "simd": SIMD[config.isa],
         "transpose_stages": _halvings(VECTOR_LANES[config.isa]),
         "transpose_masks": transpose_masks(VECTOR_LANES[config.isa]),
-        "bf16_dot": uses_bf16_dot(config),
+        "bf16_dot": uses_bf16_dot(config, plan),
         "regroup_pixels": config.family == "bwd_weights" and config.data_format == "NXC"
         and not config.depthwise and config.pointwise,
         # f16/bf16 channels-last results: the last chunk's tiles round into the user's
@@ -860,13 +876,25 @@ def render_context(config: KernelConfig, generator_version: str,
         # (whole tensors or chunks) and into the packed plan's diff_dst panels
         "transpose_to_f32": config.data_format == "NCX" and (
             body["body"] == "bwd_weights_packed.c.j2"
-            or not (uses_bf16_dot(config) or body.get("no_scratch", False))),
+            or not (uses_bf16_dot(config, plan) or body.get("no_scratch", False))),
         **body,
     }
 
 
-def _variations(config: KernelConfig) -> list[dict[str, int]]:
-    """Plans that change one or two of the rules' choices for this configuration."""
+def _variations(config: KernelConfig, vendor: str = "") -> list[dict[str, int]]:
+    """Plans that change one or two of the rules' choices for this configuration; for
+    bf16 pairs also the widened path's (those of the avx512 path's kernel, which widens
+    alike), first where the vendor's rules widen."""
+    if not uses_bf16_dot(config):
+        return _one_path_variations(config)
+    pairs = _one_path_variations(config)
+    widened = [{"bf16_dot": 0, **plan}
+               for plan in _one_path_variations(replace(config, isa="avx512"))]
+    return [{"bf16_dot": 0},
+            *(widened + pairs if vendor in WIDEN_BF16_VENDORS else pairs + widened)]
+
+
+def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
     isa = config.isa
     if config.family == "bwd_weights":
         if config.depthwise:
@@ -923,7 +951,7 @@ def candidates(config: KernelConfig, vendor: str = "") -> list[dict[str, int]]:
     first = vendor_plan(config, vendor)
     found = [first]
     seen = [_spelling(config, first)]
-    for plan in [{}, *_variations(config)]:
+    for plan in [{}, *_variations(config, vendor)]:
         spelling = _spelling(config, plan)
         if spelling not in seen:
             found.append(plan)

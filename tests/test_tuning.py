@@ -123,6 +123,23 @@ def test_intel_keeps_avx2_data_tiles_of_3_vectors():
         assert vendor_plan(other, vendor) == {}, (other.name, vendor)
 
 
+def test_intel_widens_bf16():
+    """On Intel, bf16 kernels on the avx512bf16 path widen to f32 (WIDEN_BF16_VENDORS):
+    the rules' plan there, with the pairs (vdpbf16ps) the second candidate; elsewhere the
+    pairs stay the rule and widening a candidate. Depthwise kernels always widen."""
+    from convgrad.codegen.plan import uses_bf16_dot, vendor_plan
+
+    for family in ("bwd_data", "bwd_weights"):
+        pairs = _config(family, (3, 3), 64, 64, dtype="bf16", isa="avx512bf16")
+        assert uses_bf16_dot(pairs) and not uses_bf16_dot(pairs, {"bf16_dot": 0})
+        assert vendor_plan(pairs, "GenuineIntel") == {"bf16_dot": 0}
+        assert candidates(pairs, "GenuineIntel")[:2] == [{"bf16_dot": 0}, {}]
+        assert vendor_plan(pairs, "AuthenticAMD") == {} and {"bf16_dot": 0} in candidates(pairs)
+        for other in (pairs.with_isa("avx512"), _config(family, (3, 3), 64, 64, isa="avx512bf16"),
+                      _config(family, (3, 3), 1, 1, groups=32, dtype="bf16", isa="avx512bf16")):
+            assert vendor_plan(other, "GenuineIntel") == {}, other.name
+
+
 @pytest.mark.skipif("avx2" not in ISAS, reason="this CPU does not run the avx2 path")
 @pytest.mark.parametrize("vendor, plan", [("GenuineIntel", {"vec_block": 3}),
                                           ("AuthenticAMD", {})])
@@ -229,14 +246,28 @@ EXACT_CASES = {
     "depthwise data": dict(op="ConvolutionBackwardData", spatial=(5, 30), kernel=(3, 3),
                            in_channels=24, out_channels=24, groups=24, batch=2,
                            attrs=dict(pads_begin=1, pads_end=1)),
+    # bf16: pairs (vdpbf16ps) or widened to f32 (bf16_dot 0, Intel's rule), each with
+    # its variations
+    "data 3x3 bf16": dict(op="ConvolutionBackwardData", spatial=(6, 11), kernel=(3, 3),
+                          in_channels=40, out_channels=37, batch=2, dtype="bf16",
+                          attrs=dict(strides=[1, 2], pads_begin=1, pads_end=1)),
+    "fwd 1x1 NCX bf16": dict(op="ConvTransposeBackwardData", spatial=(12, 13), kernel=(1, 1),
+                             in_channels=40, out_channels=37, batch=2, data_format="NCX",
+                             dtype="bf16"),
+    "weights 3x3 NCX bf16": dict(op="ConvolutionBackwardWeights", spatial=(14, 11),
+                                 kernel=(3, 3), in_channels=40, out_channels=34, groups=2,
+                                 batch=2, data_format="NCX", dtype="bf16",
+                                 attrs=dict(pads_begin=1, pads_end=0)),
+    "weights 1x1 bf16": dict(op="ConvolutionBackwardWeights", spatial=(16, 17), kernel=(1, 1),
+                             in_channels=48, out_channels=40, batch=2, dtype="bf16"),
 }
 
 
 @pytest.mark.parametrize("isa", PATHS)
 @pytest.mark.parametrize("name", sorted(EXACT_CASES))
 def test_every_candidate_is_exact(isa, name, monkeypatch):
-    """Each candidate plan, forced, gives the reference's bits on integer data, the
-    same on 1 and 2 threads."""
+    """Each candidate plan (for any vendor), forced, gives the reference's bits on integer
+    data, the same on 1 and 2 threads."""
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     params = dict(EXACT_CASES[name])
     op = params.pop("op")
@@ -247,6 +278,7 @@ def test_every_candidate_is_exact(isa, name, monkeypatch):
     expected = case.expected(a.dtype)
     first, second = (b, a) if problem.swap_inputs else (a, b)
     plans = candidates(config)
+    plans += [p for p in candidates(config, "GenuineIntel") if p not in plans]
     assert len(plans) >= 2
     for plan in plans:
         kernel = kernels.get_kernel(config, plan)
