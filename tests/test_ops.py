@@ -470,16 +470,17 @@ IMAGE_BLOCK_GEOMETRY = {
 }
 
 
-@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("geometry", sorted(IMAGE_BLOCK_GEOMETRY))
-@pytest.mark.parametrize("op,dtype", [("ConvolutionBackwardData", "f32"),
-                                      ("ConvolutionBackwardData", "f16"),
-                                      ("ConvolutionBackwardData", "bf16"),
-                                      ("ConvTransposeBackwardData", "f32")])
+@pytest.mark.parametrize("isa,op,dtype", [
+    (isa, op, dtype) for isa in ISAS
+    for op, dtype in [("ConvolutionBackwardData", "f32"), ("ConvolutionBackwardData", "f16"),
+                      ("ConvolutionBackwardData", "bf16"), ("ConvTransposeBackwardData", "f32")]
+    if dtype != "bf16" or isa == "avx512bf16"])  # elsewhere bf16 widens as f16 does
 def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
     """NCX data gradients copy in, compute and copy out a block of images at a time
     (forced here to one image per thread: blocks of 1-3 images, the last one short):
-    exact on 1, 2 and 3 threads, and with a smaller workspace than the whole batch's."""
+    exact on 1, 2 and 3 threads, and with a smaller workspace than the whole batch's.
+    bf16 on the avx512bf16 path: its input copied as pairs (elsewhere widened as f16)."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 

@@ -278,7 +278,8 @@ def test_every_candidate_is_exact(isa, name, monkeypatch):
     expected = case.expected(a.dtype)
     first, second = (b, a) if problem.swap_inputs else (a, b)
     plans = candidates(config)
-    plans += [p for p in candidates(config, "GenuineIntel") if p not in plans]
+    if params.get("dtype") == "bf16":  # the vendors' rules differ: pairs or widened
+        plans += [p for p in candidates(config, "GenuineIntel") if p not in plans]
     assert len(plans) >= 2
     for plan in plans:
         kernel = kernels.get_kernel(config, plan)
