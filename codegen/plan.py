@@ -159,6 +159,8 @@ NARROW_VENDORS = {"avx2": ("GenuineIntel",)}
 # arithmetic and their copies cost; Zen 4 runs vdpbf16ps at twice its f32 rate.
 # Sapphire Rapids, ResNet-50 batch 8, NXC, GFLOP/s widened / pairs (one run each):
 # data geomean 1.42 (1 thread) and 1.41 (2), 0.97-1.72; weights 1.85 and 1.84, 1.36-2.48.
+# Zen 4 (benchmarks/results/zen4, NXC): pairs ran at 1.93 / 2.04 x its f32 kernels'
+# GFLOP/s for data and 1.70 / 2.08 for weights, which the widened ones do not exceed.
 WIDEN_BF16_VENDORS = ("GenuineIntel",)
 # 1x1 weight gradients on avx2 take tiles of 6 input channels x 2 vectors rather than
 # 4 x 3. Zen 3, batch 8, pair ratios 2 vectors / 3 over ResNet-50's 12 1x1 layers, NXC:
