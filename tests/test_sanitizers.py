@@ -82,6 +82,11 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                          out_channels=channels[1], batch=2, data_format=fmt, dtype=dtype,
                          attrs=dict(pads_begin=[1, 0], pads_end=[1, 1]))
         run_case(case, num_threads=2)
+        if dtype == "bf16":  # both plans, whichever the vendor's rules take
+            import convgrad
+            from test_ops import run_with_plan
+            for plan in ({{}}, {{"bf16_dot": 0}}):
+                run_with_plan(case, plan, convgrad.cpu.available_isas()[0], 2)
     from test_ops import NCX_WEIGHT_GEOMETRY  # src read in its own order, merged runs
     for geometry in NCX_WEIGHT_GEOMETRY.values():
         run_case(make_case("ConvolutionBackwardWeights", **geometry, in_channels=38,
@@ -93,10 +98,12 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardWeights", **PACKED_WEIGHT_GEOMETRY[name],
                                 data_format=fmt, dtype=dtype), {{"packed": 1}},
                       convgrad.cpu.available_isas()[0], 2)
-    from test_ops import BF16_PAIR_GEOMETRY  # NCX bf16 pixel pairs transposed (vdpbf16ps)
+    import convgrad  # NCX bf16 pixel pairs transposed (vdpbf16ps: forced, Intel widens)
+    from test_ops import BF16_PAIR_GEOMETRY, run_with_plan
     for geometry in BF16_PAIR_GEOMETRY.values():
-        run_case(make_case("ConvolutionBackwardWeights", **geometry, batch=2, data_format="NCX",
-                           dtype="bf16"), num_threads=2)
+        run_with_plan(make_case("ConvolutionBackwardWeights", **geometry, batch=2,
+                                data_format="NCX", dtype="bf16"), {{}},
+                      convgrad.cpu.available_isas()[0], 2)
     from test_ops import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
