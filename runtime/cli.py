@@ -28,8 +28,9 @@ from convgrad import aot, cache, kernels, pch, tuning
 from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS
+from convgrad.codegen.plan import vendor_plan
 from convgrad.codegen.targets import host, target
-from convgrad.cpu import available_isas
+from convgrad.cpu import available_isas, cpu_vendor
 
 
 def _stdout() -> Console:
@@ -175,7 +176,8 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             except ValueError as error:
                 parser.error(str(error))
         out.print(_table(["kernel", "tuned plan", "rules ms", "tuned ms", "gain"],
-                         [[c.name, _plan_text(r["plan"]), f"{r['rules_seconds'] * 1e3:.3f}",
+                         [[c.name, _plan_text(r["plan"], vendor_plan(c, cpu_vendor())),
+                           f"{r['rules_seconds'] * 1e3:.3f}",
                            f"{r['tuned_seconds'] * 1e3:.3f}",
                            f"{r['rules_seconds'] / r['tuned_seconds']:.2f}x"]
                           for c, r in tuned.items()]))
@@ -195,9 +197,11 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
             result = aot.build(layers, output, isa=isa, jobs=args.jobs, progress=advance,
                                tuned=tuned, target=named)
+        vendor = named.vendor if named else cpu_vendor()
         configs, seconds = result.configs, result.compile_seconds
         out.print(_table(["kernel", "layers", "plan", "compile s"],
-                         [[c.name, len(users), _plan_text(result.plans[c]),
+                         [[c.name, len(users),
+                           _plan_text(result.plans[c], vendor_plan(c, vendor)),
                            f"{seconds[c]:.2f}"] for c, users in configs.items()]))
         out.print(f"built {len(configs)} kernels for {len(layers)} layers into {output} "
                   f"({aot.LIBRARY}, {aot.STATIC_LIBRARY}, {aot.HEADER}) in "
@@ -230,8 +234,12 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 1 if failures else 0
 
 
-def _plan_text(plan: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(plan.items())) or "rules"
+def _plan_text(plan: dict, rules: dict) -> str:
+    """A plan as its choices; "rules" where it is the vendor's rules' plan (`rules`)."""
+    text = ", ".join(f"{k}={v}" for k, v in sorted(plan.items()))
+    if plan == rules:
+        return f"rules ({text})" if text else "rules"
+    return text or "rules (any vendor)"
 
 
 def _add_tune_parser(commands) -> None:

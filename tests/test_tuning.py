@@ -464,3 +464,14 @@ def test_tune_command_shows_exports_and_imports(tmp_path):
     imported = subprocess.run([*command, "import", str(tmp_path / "p.json")], env=env,
                               capture_output=True, text=True)
     assert imported.returncode == 0 and "imported 0" in imported.stdout
+
+
+def test_plan_text_names_the_vendors_rules():
+    """convgrad aot's tables call the vendor's rules' plan "rules" (with its choices when
+    the vendor's rules differ from the vendor-free ones), anything else by its choices."""
+    from convgrad.cli import _plan_text
+
+    assert _plan_text({}, {}) == "rules"
+    assert _plan_text({"vec_block": 3}, {"vec_block": 3}) == "rules (vec_block=3)"
+    assert _plan_text({}, {"vec_block": 3}) == "rules (any vendor)"
+    assert _plan_text({"packed": 1, "vec_block": 2}, {}) == "packed=1, vec_block=2"
