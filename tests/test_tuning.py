@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -206,6 +207,40 @@ def test_narrow_rows_pad_by_rule():
     assert padded == unpadded
 
 
+def test_weight_gradients_fetch_their_next_chunk_by_rule():
+    """f32 channels-last weight gradients in chunks of a few pixels fetch the next
+    chunk's rows while their tiles run (read in place or packed), where the strides skip
+    no src row; not strided 1x1 layers, NCX, f16, chunks of CHUNK_BYTES or a padded copy
+    of src (conv1's 3 channels). The prefetches
+    survive the compiler (GCC drops a call to a function that only prefetches)."""
+    from convgrad.codegen.plan import weight_tiles
+
+    def config(kernel, cin, cout, strides=None, data_format="NXC", dtype="f32"):
+        rank = len(kernel)
+        return KernelConfig("bwd_weights", kernel, strides or (1,) * rank, (1,) * rank, 1,
+                            cin, cout, data_format, "XIO", dtype).with_isa("avx512")
+
+    fetching = [config((1, 1), 256, 64), config((3, 3), 64, 64), config((3, 3), 128, 128, (2, 2))]
+    not_fetching = [config((1, 1), 256, 128, (2, 2)), config((1, 1), 256, 64, data_format="NCX"),
+                    config((3, 3), 64, 64, dtype="f16"), config((1, 1), 1024, 256),
+                    config((7, 7), 3, 64, (2, 2))]
+    for each in fetching:
+        assert weight_tiles(each)["prefetch_next_chunk"], each.name
+        assert "prefetch_chunk(src, dd, next" in render(each), each.name
+    for each in not_fetching:
+        assert not weight_tiles(each)["prefetch_next_chunk"], each.name
+        assert "prefetch_chunk(" not in render(each), each.name
+    assert weight_tiles(config((1, 1), 1024, 256), {"chunk_pixels": 64})["prefetch_next_chunk"]
+    objdump = shutil.which("objdump")
+    x86 = [isa for isa in ISAS if isa in ("avx512", "avx2")]
+    if objdump and x86:
+        for each, fetches in ((fetching[0], True), (fetching[1], True), (not_fetching[0], False)):
+            path = kernels.get_kernel(each.with_isa(x86[0])).path
+            code = subprocess.run([objdump, "-d", str(path)],
+                                  capture_output=True, text=True, check=True).stdout
+            assert ("prefetcht1" in code) == fetches, each.name
+
+
 def test_plans_are_checked():
     with pytest.raises(ValueError, match="unknown plan choices"):
         check_plan({"tile_width": 3})
@@ -227,6 +262,13 @@ EXACT_CASES = {
                     attrs=dict(pads_begin=1, pads_end=1)),
     "weights 1x1": dict(op="ConvolutionBackwardWeights", spatial=(32, 33), kernel=(1, 1),
                         in_channels=150, out_channels=40, batch=4),
+    # several chunks and slices of the next-chunk prefetch, rows clamped at pads
+    "weights 1x1 padded": dict(op="ConvolutionBackwardWeights", spatial=(23, 9), kernel=(1, 1),
+                               in_channels=64, out_channels=24, batch=3,
+                               attrs=dict(pads_begin=[1, 0], pads_end=[2, 1])),
+    "weights 3x3 dilated": dict(op="ConvolutionBackwardWeights", spatial=(17, 12),
+                                kernel=(3, 3), in_channels=20, out_channels=24, batch=3,
+                                attrs=dict(dilations=[2, 1], pads_begin=1, pads_end=[0, 2])),
     "weights 1x1 NCX": dict(op="ConvolutionBackwardWeights", spatial=(20, 26), kernel=(1, 1),
                             in_channels=64, out_channels=40, batch=2, data_format="NCX"),
     "weights 3x3 NCX f16": dict(op="ConvolutionBackwardWeights", spatial=(14, 11),
