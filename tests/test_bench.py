@@ -32,3 +32,27 @@ def test_benchmark_writes_table_csv_json_and_plot(tmp_path, capsys):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["machine"]["peak_f32_gflops_per_core"] > 0
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_tuned_plans_are_paired_with_the_rules_apart_from_torch(tmp_path, monkeypatch):
+    """--tune times each tuned plan against the rules' plan in a pairing of its own (a
+    call right after PyTorch's runs slower), and scales the rules' figures by that gain."""
+    pairings = []
+    timed_pair = bench.timed_pair
+
+    def recording(functions, *args, **kwargs):
+        pairings.append([getattr(f, "__name__", "") for f in functions])
+        return timed_pair(functions, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "timed_pair", recording)
+    status = bench.main(["--set", "resnet50", "--limit", "1", "--threads", "1", "--ops",
+                         "weights", "--min-time", "0.01", "--batch", "1", "--tune",
+                         "--out", str(tmp_path)])
+    assert status == 0
+    assert ["<lambda>", "torch_call"] in pairings and ["<lambda>", "<lambda>"] in pairings
+    assert all(len(names) == 2 for names in pairings)
+    (row,) = csv.DictReader((tmp_path / "results.csv").open())
+    gain = float(row["tuned_gain"])
+    assert gain > 0 and row["tuned_plan"]
+    assert float(row["tuned_gflops"]) == pytest.approx(float(row["ours_gflops"]) * gain)
+    assert float(row["tuned_ratio"]) == pytest.approx(float(row["ratio"]) * gain)
