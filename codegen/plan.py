@@ -196,6 +196,10 @@ WEIGHT_CHUNK_BYTES = 512 * 1024  # half of a 1 MB L2 (Zen 4, Sapphire Rapids: 2 
 # more (Ice Lake, 1x1 512->2048, 4 MB of sums: 0.57 -> 0.90 of PyTorch on AVX2 with
 # 2 MB chunks rather than 1 MB).
 CHUNK_PIXELS = 128
+# ...but 64 for avx512 NXC layers read in place, which fetch their next chunk ahead
+# (Sapphire Rapids, ResNet-50 batch 8, pair ratios 64 / 128 on 1 / 2 threads: 1x1
+# 64->64 1.16 / 1.18, 64->256 1.08 / 1.06, 256->64 1.08 / 1.05; avx2 0.94-0.99).
+NXC_IN_PLACE_CHUNK_PIXELS = {16: 64}
 SUMS_IN_L2_BYTES = 640 * 1024  # half of Ice Lake-SP's 1.25 MB L2
 CHUNK_BYTES = 1024 * 1024
 
@@ -484,7 +488,10 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     src_channels_first = config.data_format == "NCX" and not flatten_w and not (
         dot or packed)
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
-    chunk_pixels = plan.get("chunk_pixels", CHUNK_PIXELS if in_l2 else 0)
+    nxc_in_place = config.data_format == "NXC" and not (packed or flatten_w or dot)
+    chunk_pixels = plan.get("chunk_pixels", (
+        NXC_IN_PLACE_CHUNK_PIXELS.get(lanes, CHUNK_PIXELS) if nxc_in_place else CHUNK_PIXELS)
+        if in_l2 else 0)
     # floats per input channel of the sums, one vector more where rows 2 KB apart would
     # put a tile's rows of sums in one or two sets of L1
     row = vectors * lanes
@@ -933,7 +940,9 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found += [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa], 1, -1)
                   if b != tiles["vec_block"]]
         if tiles["chunk_pixels"]:
-            found += [{"chunk_pixels": CHUNK_PIXELS // 2}, {"chunk_pixels": CHUNK_PIXELS * 2}]
+            found += [{"chunk_pixels": p} for p in (CHUNK_PIXELS // 2, CHUNK_PIXELS,
+                                                     CHUNK_PIXELS * 2)
+                      if p != tiles["chunk_pixels"]]
         if tiles["max_slices"] > 1:
             found.append({"max_slices": 1})
         return found
