@@ -200,6 +200,14 @@ CHUNK_PIXELS = 128
 # (Sapphire Rapids, ResNet-50 batch 8, pair ratios 64 / 128 on 1 / 2 threads: 1x1
 # 64->64 1.16 / 1.18, 64->256 1.08 / 1.06, 256->64 1.08 / 1.05; avx2 0.94-0.99).
 NXC_IN_PLACE_CHUNK_PIXELS = {16: 64}
+# Few input channels, kw taps flattened into tile rows (conv1): 16-lane paths take tiles
+# of 2 output vectors where those rows split into tiles of near-equal height
+# (_flatten_vector_block). Sapphire Rapids avx512, batch 8, pair ratios 2 / the rule's 4
+# or 3 vectors on 1 / 2 threads: 3 -> 48-128 channels, 7x7 stride 2 (21 rows: 12 + 9)
+# 1.14-1.16 / 1.15-1.23 (ResNet-50's conv1 1.17 / 1.18, the 1-D set's 1.15 / 1.15);
+# 3x3, 3 -> 64 (9 rows) 1.16 / 1.06, 3 -> 48 1.04 / 1.00; but 5x5 with 3 channels (15
+# rows: 12 + 3) 0.79-0.82.
+FLATTEN_VECTOR_BLOCK = {16: 2}
 SUMS_IN_L2_BYTES = 640 * 1024  # half of Ice Lake-SP's 1.25 MB L2
 CHUNK_BYTES = 1024 * 1024
 
@@ -452,6 +460,12 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     # Few input channels: tile rows over (kw, channel) pairs fill the registers.
     dot = uses_bf16_dot(config, plan)
     flatten_w = 2 * channels <= budget and config.kernel[-1] > 1 and not dot
+    if flatten_w and "vec_block" not in plan:
+        block = _flatten_vector_block(config, block,
+                                      plan.get("tile_rows", ACCUMULATORS[config.isa]))
+        last = vectors - (-(-vectors // block) - 1) * block
+        budget = min(ACCUMULATORS[config.isa] // block,
+                     plan.get("tile_rows", ACCUMULATORS[config.isa]))
     if flatten_w:
         rows, total = channels * (budget // channels), channels * config.kernel[-1]
     elif dot:  # rows run over (kw, channel) of the pixel-pair copy of src
@@ -509,6 +523,22 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "src_in_place": src_channels_first and config.dtype == "f32",
             "prefetch_next_chunk": _prefetch_next_chunk(config, chunk_pixels,
                                                         flatten_w or dot)}
+
+
+def _flatten_vector_block(config: KernelConfig, block: int, most_rows: int) -> int:
+    """The vector block of a weight gradient whose tile rows run over (kw, input
+    channel) pairs: FLATTEN_VECTOR_BLOCK where its taller tiles split those rows into
+    tiles of near-equal height (the last at least half as tall), else `block`."""
+    narrow = FLATTEN_VECTOR_BLOCK.get(VECTOR_LANES[config.isa])
+    if narrow is None or block <= narrow:
+        return block
+    channels, total = config.cin_per_group, config.cin_per_group * config.kernel[-1]
+    budget = min(ACCUMULATORS[config.isa] // narrow, most_rows)
+    rows = min(total, channels * (budget // channels))
+    if rows < 1:
+        return block
+    last = total - (-(-total // rows) - 1) * rows
+    return narrow if 2 * last >= rows else block
 
 
 def _prefetch_next_chunk(config: KernelConfig, chunk_pixels: int, copied: bool) -> bool:

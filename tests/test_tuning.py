@@ -207,6 +207,26 @@ def test_narrow_rows_pad_by_rule():
     assert padded == unpadded
 
 
+def test_few_input_channels_take_tiles_of_two_vectors_where_rows_split_evenly():
+    """Weight gradients with taps flattened into tile rows (conv1) take 2 output vectors
+    per tile on 16-lane paths where the (kw, channel) rows split into near-equal tiles
+    (7 x 3 = 21 rows: 12 + 9; 3 x 3 = 9: one tile), not where a short tile would be left
+    (5 x 3 = 15 rows: 12 + 3), nor where a plan sets the block or on avx2."""
+    from convgrad.codegen.plan import weight_tiles
+
+    def config(kernel, cout, isa="avx512"):
+        return KernelConfig("bwd_weights", (kernel, kernel), (2, 2), (1, 1), 1, 3, cout,
+                            "NXC", "XIO", "f32").with_isa(isa)
+
+    for kernel, cout in ((7, 64), (7, 128), (7, 48), (3, 64)):
+        tiles = weight_tiles(config(kernel, cout))
+        assert tiles["flatten_w"] and tiles["vec_block"] == 2, (kernel, cout)
+    assert weight_tiles(config(5, 48))["vec_block"] == 3
+    assert weight_tiles(config(7, 64), {"vec_block": 4})["vec_block"] == 4
+    assert weight_tiles(config(7, 64), {"vec_block": 4})["tiles"] == [(6, 4), (3, 4)]
+    assert weight_tiles(config(7, 64, "avx2"))["vec_block"] == 3
+
+
 def test_weight_gradients_fetch_their_next_chunk_by_rule():
     """f32 channels-last weight gradients in chunks of a few pixels fetch the next
     chunk's rows while their tiles run (read in place or packed), where the strides skip
@@ -266,6 +286,10 @@ EXACT_CASES = {
     "weights 1x1 padded": dict(op="ConvolutionBackwardWeights", spatial=(23, 9), kernel=(1, 1),
                                in_channels=64, out_channels=24, batch=3,
                                attrs=dict(pads_begin=[1, 0], pads_end=[2, 1])),
+    # few input channels: (kw, channel) tile rows, 2 vectors by rule on avx512
+    "weights conv1-like": dict(op="ConvolutionBackwardWeights", spatial=(15, 21), kernel=(3, 7),
+                               in_channels=3, out_channels=40, batch=2,
+                               attrs=dict(strides=2, pads_begin=[1, 3], pads_end=[1, 2])),
     "weights 3x3 dilated": dict(op="ConvolutionBackwardWeights", spatial=(17, 12),
                                 kernel=(3, 3), in_channels=20, out_channels=24, batch=3,
                                 attrs=dict(dilations=[2, 1], pads_begin=1, pads_end=[0, 2])),
