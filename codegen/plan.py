@@ -302,6 +302,12 @@ POINT_VB_INNER_BYTES = 1024 * 1024
 MAX_UNROLLED_TAPS = 16
 
 
+def _last_part(total: int, size: int) -> int:
+    """The size of the last of ceil(total / size) parts of `size` (all of them full
+    but the last)."""
+    return total - (-(-total // size) - 1) * size
+
+
 def _power_of_two_floor(value: int) -> int:
     """The largest power of two <= value, at least 1."""
     return 1 << max(0, int(value).bit_length() - 1)
@@ -379,7 +385,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     if _wide_vector_block(config, across):
         rule = WIDE_VECTOR_BLOCK[config.isa]
     block = min(vectors, plan.get("vec_block", rule))
-    last = vectors - (-(-vectors // block) - 1) * block
+    last = _last_part(vectors, block)
     rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block,
                       plan.get("tile_rows", MAX_TILE_ROWS)))
     # A narrower last vector block has taller tiles (its registers would idle otherwise),
@@ -454,18 +460,16 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             and one_tap and low <= config.cout_per_group <= high):
         rule = 2
     block = min(vectors, plan.get("vec_block", rule))
-    last = vectors - (-(-vectors // block) - 1) * block
-    budget = min(ACCUMULATORS[config.isa] // block, plan.get("tile_rows", ACCUMULATORS[config.isa]))
+    most_rows = plan.get("tile_rows", ACCUMULATORS[config.isa])
     channels = config.cin_per_group
     # Few input channels: tile rows over (kw, channel) pairs fill the registers.
     dot = uses_bf16_dot(config, plan)
-    flatten_w = 2 * channels <= budget and config.kernel[-1] > 1 and not dot
+    flatten_w = (2 * channels <= min(ACCUMULATORS[config.isa] // block, most_rows)
+                 and config.kernel[-1] > 1 and not dot)
     if flatten_w and "vec_block" not in plan:
-        block = _flatten_vector_block(config, block,
-                                      plan.get("tile_rows", ACCUMULATORS[config.isa]))
-        last = vectors - (-(-vectors // block) - 1) * block
-        budget = min(ACCUMULATORS[config.isa] // block,
-                     plan.get("tile_rows", ACCUMULATORS[config.isa]))
+        block = _flatten_vector_block(config, block, most_rows)
+    last = _last_part(vectors, block)
+    budget = min(ACCUMULATORS[config.isa] // block, most_rows)
     if flatten_w:
         rows, total = channels * (budget // channels), channels * config.kernel[-1]
     elif dot:  # rows run over (kw, channel) of the pixel-pair copy of src
@@ -474,7 +478,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     else:
         rows, total = max(1, min(channels, budget)), channels
     rows = min(rows, total)
-    rows_last = total - (-(-total // rows) - 1) * rows
+    rows_last = _last_part(total, rows)
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
     # Packed panels (bwd_weights_packed.c.j2): per chunk, each thread copies what its tiles
     # read into panels at consecutive addresses. Read in place, channels-last rows a power
@@ -537,7 +541,7 @@ def _flatten_vector_block(config: KernelConfig, block: int, most_rows: int) -> i
     rows = min(total, channels * (budget // channels))
     if rows < 1:
         return block
-    last = total - (-(-total // rows) - 1) * rows
+    last = _last_part(total, rows)
     return narrow if 2 * last >= rows else block
 
 
@@ -581,9 +585,9 @@ def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
         return {"ncx_dot": False}
     rows = max(1, min(config.cin_per_group, plan.get(
         "tile_rows", ACCUMULATORS[config.isa] // DOT_COLS)))
-    rows_last = config.cin_per_group - (-(-config.cin_per_group // rows) - 1) * rows
+    rows_last = _last_part(config.cin_per_group, rows)
     cols = min(DOT_COLS, config.cout_per_group)
-    cols_last = config.cout_per_group - (-(-config.cout_per_group // cols) - 1) * cols
+    cols_last = _last_part(config.cout_per_group, cols)
     return {"ncx_dot": True, "tile_rows": rows,
             "dot_tiles": list(dict.fromkeys((r, c) for r in (rows, rows_last)
                                             for c in (cols, cols_last))),
@@ -658,8 +662,8 @@ def weights_across_groups(config: KernelConfig, plan: Mapping[str, int] = EMPTY_
     outs = -(-config.cout_per_group // -(-config.cout_per_group // budget))
     vecs = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
                       budget // outs))
-    outs_last = config.cout_per_group - (-(-config.cout_per_group // outs) - 1) * outs
-    vecs_last = vectors - (-(-vectors // vecs) - 1) * vecs
+    outs_last = _last_part(config.cout_per_group, outs)
+    vecs_last = _last_part(vectors, vecs)
     return {"group_lanes": True, "k_block": outs, "vec_block": vecs,
             "tiles": list(dict.fromkeys((o, v) for o in (outs, outs_last)
                                         for v in (vecs, vecs_last))),
@@ -721,7 +725,7 @@ def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_
     budget = REGISTERS[config.isa] if slide else ACCUMULATORS[config.isa]
     block = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
                        budget // per_vector))
-    last = vectors - (-(-vectors // block) - 1) * block
+    last = _last_part(vectors, block)
     return {"vec_block": block, "vec_last": last, "row_vecs": sorted({block, last}),
             "max_unrolled_taps": MAX_UNROLLED_TAPS,
             "slide_pixels": DEPTHWISE_WEIGHT_SLIDE if slide else 0}
@@ -750,7 +754,7 @@ def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PL
         return {"pointwise_ncx": False}
     out_channels = config.vector_channels
     rows = min(NCX_ROWS[config.isa], out_channels)
-    last = out_channels - (-(-out_channels // rows) - 1) * rows
+    last = _last_part(out_channels, rows)
     vecs = NCX_VECS[config.isa]
     return {"pointwise_ncx": True, "ncx_rows": rows, "ncx_vecs": vecs,
             "ncx_tiles": list(dict.fromkeys((r, v) for r in (rows, last)
