@@ -231,8 +231,8 @@ def test_weight_gradients_fetch_their_next_chunk_by_rule():
     """f32 channels-last weight gradients in chunks of a few pixels fetch the next
     chunk's rows while their tiles run (read in place or packed), where the strides skip
     no src row; not strided 1x1 layers, NCX, f16, chunks of CHUNK_BYTES or a padded copy
-    of src (conv1's 3 channels). The prefetches
-    survive the compiler (GCC drops a call to a function that only prefetches)."""
+    of src (conv1's 3 channels). The prefetches survive the compiler (GCC drops a call to
+    a function that only prefetches)."""
     from convgrad.codegen.plan import weight_tiles
 
     def config(kernel, cin, cout, strides=None, data_format="NXC", dtype="f32"):
