@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -62,9 +62,12 @@ def render_dims_declaration() -> str:
     return _environment().get_template("dims_struct.h.j2").render()
 
 
-def render_header(names: list[str], aliases: dict[str, str] | None = None) -> str:
+def render_header(names: list[str], aliases: dict[str, str] | None = None,
+                  swapped: Iterable[str] = ()) -> str:
     """A C header declaring the given kernels (for AOT builds), and for each layer name
-    in `aliases` (C identifier -> kernel name) macros naming its kernel."""
+    in `aliases` (C identifier -> kernel name) macros naming its kernel; those in
+    `swapped` (whose kernel takes its two inputs the other way round) get a function
+    that passes them on swapped."""
     template = _environment().get_template("header.h.j2")
-    return template.render(names=names, aliases=aliases or {},
+    return template.render(names=names, aliases=aliases or {}, swapped=set(swapped),
                            generator_version=generator_version())

@@ -197,9 +197,10 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
         os.replace(shutil.copy(Path(tmp) / STATIC_LIBRARY, output / f".{STATIC_LIBRARY}.tmp"),
                    output / STATIC_LIBRARY)
     names = {config: kernel_name(config, plan) for config, plan in plans.items()}
-    aliases = {_c_identifier(layer.name): names[config]
-               for config, users in configs.items() for layer in users}
-    (output / HEADER).write_text(render_header(list(names.values()), aliases))
+    aliases = _layer_aliases(configs)
+    (output / HEADER).write_text(render_header(
+        list(names.values()), {alias: names[config] for alias, config, _ in aliases.values()},
+        [alias for alias, _, swapped in aliases.values() if swapped]))
     (output / "convgrad.mk").write_text(MAKE_FRAGMENT)
     (output / "convgrad.cmake").write_text(CMAKE_FRAGMENT)
     manifest = {
@@ -219,7 +220,10 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
              "plan": plans[c],
              **({"tuning": {k: v for k, v in tuned[c].items() if k != "config"}}
                 if c in tuned else {}),
-             "layers": [{"op": layer.op, "name": layer.name} for layer in users]}
+             "layers": [{"op": layer.op, "name": layer.name,
+                         **({"inputs_swapped": True}
+                            if aliases[layer.op, layer.name][2] else {})}
+                        for layer in users]}
             for c, users in configs.items()
         ],
     }
@@ -252,6 +256,21 @@ set_target_properties(convgrad_kernels PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${CMAKE_CURRENT_LIST_DIR}"
     INTERFACE_LINK_LIBRARIES OpenMP::OpenMP_C)
 """
+
+
+def _layer_aliases(configs: dict[KernelConfig, list[Layer]],
+                   ) -> dict[tuple[str, str], tuple[str, KernelConfig, bool]]:
+    """Per (op, layer name): its alias in the header (the name as a C identifier, with
+    the op where several ops share the name, as a benchdnn list's layers do), its
+    kernel, and whether that kernel takes the layer's two inputs swapped."""
+    ops_of: dict[str, set[str]] = {}
+    for users in configs.values():
+        for layer in users:
+            ops_of.setdefault(layer.name, set()).add(layer.op)
+    return {(layer.op, layer.name): (
+        _c_identifier(layer.name if len(ops_of[layer.name]) == 1 else f"{layer.name}_{layer.op}"),
+        config, layer.resolve().operands_swapped)
+        for config, users in configs.items() for layer in users}
 
 
 def _c_identifier(name: str) -> str:

@@ -68,3 +68,61 @@ def test_cmake_fragment_links_the_example(tmp_path):
     result = subprocess.run([str(build / "example")], check=True, capture_output=True,
                             text=True)
     assert result.stdout.startswith("diff_src\n")
+
+
+SWAPPED_PROGRAM = r"""
+#include <stdio.h>
+#include "convgrad_kernels.h"
+enum { N = 2, IC = 3, OC = 5, H = 4, W = 3 };
+int main(void)
+{
+    static float src[N * IC * H * W], diff_dst[N * OC * H * W], diff_weights[OC * IC];
+    for (int i = 0; i < N * IC * H * W; ++i)
+        src[i] = (float)((i * 11) % 5 - 2);
+    for (int i = 0; i < N * OC * H * W; ++i)
+        diff_dst[i] = (float)((i * 7) % 5 - 2);
+    const convgrad_dims dims = {.batch = N, .src = {H, W}, .dst = {H, W}, .num_threads = 1};
+    if (convgrad_pointwise(src, diff_dst, diff_weights, &dims, NULL))
+        return 1;
+    for (int i = 0; i < OC * IC; ++i)
+        printf("%.1f\n", diff_weights[i]);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_layer_alias_passes_swapped_inputs_on_and_names_each_op(tmp_path):
+    """A layer whose kernel computes it with src and diff_dst swapped (1x1 NCX f32, more
+    output than input channels) is called from C with them in the usual order; a name two
+    ops share gets an alias per op."""
+    shared = {"inputs": [[2, 4, 4, 3], [3, 3, 5, 3], [4, 4]], "attrs": {"pads_begin": 1,
+                                                                        "pads_end": 1}}
+    layers = [{"op": "ConvolutionBackwardWeights", "name": "pointwise",
+               "inputs": [[2, 3, 4, 3], [2, 5, 4, 3], [1, 1]],
+               "attrs": {"data_format": "NCX", "weights_format": "OIX"}},
+              {"op": "ConvolutionBackwardData", "name": "shared", **shared},
+              {"op": "ConvolutionBackwardWeights", "name": "shared",
+               "inputs": [[2, 4, 4, 5], [2, 4, 4, 3], [3, 3]], "attrs": shared["attrs"]}]
+    (tmp_path / "layers.json").write_text(json.dumps(layers))
+    aot = tmp_path / "aot"
+    subprocess.run([sys.executable, "-m", "convgrad", "aot", str(tmp_path / "layers.json"),
+                    "-o", str(aot)], cwd=ROOT, check=True, capture_output=True)
+    manifest = json.loads((aot / "manifest.json").read_text())
+    users = {(u["op"], u["name"]): u for k in manifest["kernels"] for u in k["layers"]}
+    assert users["ConvolutionBackwardWeights", "pointwise"].get("inputs_swapped")
+    assert not users["ConvolutionBackwardWeights", "shared"].get("inputs_swapped")
+    header = (aot / "convgrad_kernels.h").read_text()
+    for alias in ("shared_convolutionbackwarddata", "shared_convolutionbackwardweights"):
+        assert f"#define convgrad_{alias} " in header
+    (tmp_path / "main.c").write_text(SWAPPED_PROGRAM)
+    program = tmp_path / "swapped"
+    subprocess.run(["cc", "-O1", "-I", str(aot), str(tmp_path / "main.c"),
+                    str(aot / "libconvgrad_kernels.a"), "-fopenmp", "-lm", "-o", str(program)],
+                   check=True, capture_output=True)
+    output = subprocess.run([str(program)], check=True, capture_output=True, text=True).stdout
+    src = _pattern(2 * 3 * 4 * 3, 11).reshape(2, 3, 4, 3)
+    diff_dst = _pattern(2 * 5 * 4 * 3, 7).reshape(2, 5, 4, 3)
+    expected = reference("ConvolutionBackwardWeights", [src, diff_dst, [1, 1]],
+                         layers[0]["attrs"])
+    np.testing.assert_array_equal(np.array(output.split(), dtype=np.float32), expected.ravel())

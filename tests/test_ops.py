@@ -963,3 +963,54 @@ def test_taller_tiles_for_a_narrower_last_vector_block(isa, dtype):
     for plan in ({}, {"weight_chunk_kb": 4}):
         for threads in (1, 2):
             run_with_plan(case, plan, isa, threads)
+
+
+def _problem(case):
+    return api.resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs,
+                       case.inputs[2] if len(case.inputs) > 2 else None,
+                       DTYPE_NAMES[case.inputs[0].dtype])
+
+
+SWAPPED = dict(spatial=(5, 7), kernel=(1, 1), in_channels=20, out_channels=37, batch=3,
+               data_format="NCX")
+
+
+def test_weight_gradients_swap_their_inputs_by_rule():
+    """1x1 channels-first f32 weight gradients with stride 1, no pads, one group and
+    more output than input channels (small weights) run the problem with src and
+    diff_dst swapped: channels swapped, weights format flipped; no others do."""
+    for op, swap in (("ConvolutionBackwardWeights", False), ("ConvTransposeBackwardWeights", True)):
+        channels = dict(in_channels=37, out_channels=20) if swap else {}
+        problem = _problem(make_case(op, **{**SWAPPED, **channels},
+                                     weights_format="XOI" if swap else "XIO"))
+        assert (problem.config.cin_per_group, problem.config.cout_per_group) == (37, 20)
+        assert problem.config.weights_format == "OIX"
+        assert problem.swap_inputs is not swap
+    unswapped = [dict(in_channels=37, out_channels=20), dict(data_format="NXC"),
+                 dict(dtype="f16"), dict(groups=2, in_channels=20, out_channels=38),
+                 dict(attrs=dict(strides=2)), dict(attrs=dict(pads_begin=[1, 0], pads_end=[1, 0])),
+                 dict(kernel=(1, 3)), dict(in_channels=128, out_channels=512)]
+    for change in unswapped:
+        geometry = {**SWAPPED, **change}
+        problem = _problem(make_case("ConvolutionBackwardWeights", **geometry))
+        assert not problem.swap_inputs, change
+        assert problem.config.cout_per_group * problem.config.groups == geometry["out_channels"]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op,weights_format", [("ConvolutionBackwardWeights", "OIX"),
+                                               ("ConvolutionBackwardWeights", "XIO"),
+                                               ("ConvTransposeBackwardWeights", "IOX"),
+                                               ("ConvTransposeBackwardWeights", "XOI")])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_weight_gradients_with_inputs_swapped(isa, op, weights_format, threads, monkeypatch):
+    """Swapped weight gradients give the reference's weights in the user's format, on
+    every ISA path (channel tails on both sides), in pixel slices and in place."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    channels = (dict(in_channels=37, out_channels=20) if op in TRANSPOSE
+                else dict(in_channels=20, out_channels=37))
+    for spatial, batch in (((5, 7), 3), ((40, 33), 2)):
+        case = make_case(op, **{**SWAPPED, **channels, "spatial": spatial, "batch": batch},
+                         weights_format=weights_format, seed=7)
+        assert _problem(case).swap_inputs is (op not in TRANSPOSE)
+        run_case(case, num_threads=threads)
