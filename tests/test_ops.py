@@ -1014,3 +1014,19 @@ def test_weight_gradients_with_inputs_swapped(isa, op, weights_format, threads, 
                          weights_format=weights_format, seed=7)
         assert _problem(case).swap_inputs is (op not in TRANSPOSE)
         run_case(case, num_threads=threads)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op,weights_format", [("ConvolutionBackwardWeights", "OIX"),
+                                               ("ConvTransposeBackwardWeights", "IOX")])
+@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "bf16"), ("NXC", "f16")])
+def test_oix_weights_from_transposed_blocks(isa, op, weights_format, data_format, dtype,
+                                            monkeypatch):
+    """OIX weights come out of the sums in blocks of VL (i, tap) values x VL output
+    channels transposed in registers, several blocks of output channels: tails of both
+    on every ISA path."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case(op, spatial=(6, 7), kernel=(3, 2), in_channels=37, out_channels=70,
+                     data_format=data_format, weights_format=weights_format, dtype=dtype,
+                     seed=3)
+    run_case(case)
