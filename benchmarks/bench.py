@@ -3,6 +3,7 @@
     python benchmarks/bench.py [--set resnet50|mobilenet_dw|dilated|1d|3d|resnext101|gconv|all]
                                [--ops data,weights] [--threads 1,2] [--batch 8]
                                [--dtype f32|bf16|f16] [--data-format NXC|NCX]
+                               [--weights-format OIX|XIO]
                                [--min-time 0.3] [--limit N] [--keep-cache] [--out DIR]
 
 Every benchdnn forward convolution of the chosen set becomes the layers of
@@ -353,7 +354,7 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
     """Arrays, tensors and calls of one layer; both sides get the same data where
     the problems have the same shapes."""
     (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch, dtype=args.dtype,
-                           data_format=args.data_format)
+                           data_format=args.data_format, weights_format=args.weights_format)
     dtype = api.DTYPE_BY_NAME[args.dtype]
     a, b = (rng.standard_normal(shape, dtype=np.float32).astype(dtype)
             for shape in layer.inputs[:2])
@@ -687,6 +688,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="f32", choices=DTYPES)
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"],
                         help="NXC: PyTorch channels_last; NCX: contiguous (default NXC)")
+    parser.add_argument("--weights-format", default=None, choices=["OIX", "XIO"],
+                        help="convgrad's weights layout: OIX is PyTorch's own (its "
+                             "[O][I][k...]), XIO the ops' default (default XIO)")
     parser.add_argument("--min-time", type=float, default=0.3,
                         help="seconds of calls per timing, at least 3 calls (default 0.3)")
     parser.add_argument("--limit", type=int, default=None,
@@ -786,7 +790,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({overhead['cached_load_origin']})")
         print(f"{len(shapes)} shapes x ops {','.join(args.ops)} x threads "
               f"{','.join(map(str, args.threads))}; batch {args.batch}, {args.dtype}, "
-              f"{args.data_format}; ratio = convgrad GFLOP/s / PyTorch GFLOP/s\n", flush=True)
+              f"{args.data_format}, weights {args.weights_format or 'XIO'}; ratio = convgrad "
+              f"GFLOP/s / PyTorch GFLOP/s\n", flush=True)
 
         rng = np.random.default_rng(0)
         rows: list[Row] = []

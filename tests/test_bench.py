@@ -18,9 +18,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402
 
 
-def test_benchmark_writes_table_csv_json_and_plot(tmp_path, capsys):
+@pytest.mark.parametrize("weights_format", [[], ["--weights-format", "OIX"]])
+def test_benchmark_writes_table_csv_json_and_plot(tmp_path, capsys, weights_format):
+    """A run writes its table, CSV, JSON and plot, and convgrad's results agree with
+    PyTorch's, in XIO and in PyTorch's own OIX weights."""
     status = bench.main(["--set", "resnet50", "--limit", "1", "--threads", "1",
-                         "--min-time", "0.01", "--batch", "1", "--out", str(tmp_path)])
+                         "--min-time", "0.01", "--batch", "1", "--out", str(tmp_path),
+                         *weights_format])
     assert status == 0
     printed = capsys.readouterr().out
     assert "FMA peak" in printed and "geometric mean" in printed
