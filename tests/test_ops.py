@@ -1000,6 +1000,7 @@ def test_weight_gradients_swap_their_inputs_by_rule():
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op,weights_format", [("ConvolutionBackwardWeights", "OIX"),
                                                ("ConvolutionBackwardWeights", "XIO"),
+                                               ("ConvolutionBackpropFilters", "OIX"),
                                                ("ConvTransposeBackwardWeights", "IOX"),
                                                ("ConvTransposeBackwardWeights", "XOI")])
 @pytest.mark.parametrize("threads", [1, 2])
