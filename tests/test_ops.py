@@ -1019,15 +1019,19 @@ def test_weight_gradients_with_inputs_swapped(isa, op, weights_format, threads, 
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op,weights_format", [("ConvolutionBackwardWeights", "OIX"),
-                                               ("ConvTransposeBackwardWeights", "IOX")])
+                                               ("ConvTransposeBackwardWeights", "IOX"),
+                                               ("ConvolutionBackwardData", "OIX"),
+                                               ("ConvolutionBackpropData", "OIX")])
 @pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "bf16"), ("NXC", "f16")])
-def test_oix_weights_from_transposed_blocks(isa, op, weights_format, data_format, dtype,
-                                            monkeypatch):
-    """OIX weights come out of the sums in blocks of VL (i, tap) values x VL output
-    channels transposed in registers, several blocks of output channels: tails of both
-    on every ISA path."""
+@pytest.mark.parametrize("kernel", [(3, 2), (3, 3), (1, 1)])
+def test_oix_weights_through_register_transposes(isa, op, weights_format, data_format, dtype,
+                                                 kernel, monkeypatch):
+    """OIX weights go in and out through VL x VL register transposes: weight gradients
+    leave their sums in blocks of (i, tap) values x output channels, several blocks of
+    output channels; data gradients pack blocks of vector channels x taps (more taps than
+    an avx2 vector's lanes with 3x3). Tails of both on every ISA path."""
     monkeypatch.setenv("CONVGRAD_ISA", isa)
-    case = make_case(op, spatial=(6, 7), kernel=(3, 2), in_channels=37, out_channels=70,
+    case = make_case(op, spatial=(6, 7), kernel=kernel, in_channels=37, out_channels=70,
                      data_format=data_format, weights_format=weights_format, dtype=dtype,
                      seed=3)
     run_case(case)
