@@ -125,6 +125,12 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):  # NCX 1x1 in place
         run_case(make_case(op, spatial=(12, 13), kernel=(1, 1), in_channels=70,
                            out_channels=37, batch=2, data_format="NCX"), num_threads=2)
+    for op in ("ConvolutionBackwardWeights", "ConvolutionBackwardData"):  # OIX transposes
+        run_case(make_case(op, spatial=(6, 7), kernel=(3, 3), in_channels=37, out_channels=70,
+                           batch=2, weights_format="OIX"), num_threads=2)
+    run_case(make_case("ConvolutionBackwardWeights", spatial=(40, 33), kernel=(1, 1),  # swapped
+                       in_channels=20, out_channels=37, batch=2, data_format="NCX",
+                       weights_format="OIX"), num_threads=2)
     run_case(make_case("ConvolutionBackwardData", spatial=(3, 37), kernel=(2, 3),  # sliding
                        in_channels=40, out_channels=40, groups=40,
                        attrs=dict(pads_begin=[1, 2], pads_end=[0, 1])), num_threads=2)
