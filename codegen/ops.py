@@ -21,17 +21,25 @@ MAX_EXTENT = 2**31 - 1
 # diff_W[o][i] = sum over pixels of diff_dst[o] * src[i], so the kernel of the problem
 # with src and diff_dst swapped (Cin and Cout swapped) computes it, its [i'][o'] sums
 # (XIO) being the [o][i] (OIX) weights and the other way round. Channels-first f32 ones
-# with more output than input channels run swapped where the weights take at most
-# SWAP_MAX_SUMS_BYTES: with fewer outputs the planner reads src in place and transposes
-# only diff_dst (the smaller tensor once swapped), instead of copying both into panels.
-# Sapphire Rapids, batch 8, pair ratios swapped / as is on 1 / 2 threads (XIO):
-# avx512 32->64 on 56x56 1.31 / 1.24, 64->128 1.21 / 1.20, 64->256 (ResNet-50's
-# res2a_branch1) 1.20 / 1.25, 128->256 on 28x28 and 56x56 1.07-1.19 / 1.04-1.06, 128->512
-# (256 KB) 1.04-1.08 / 1.01-1.10, but 256->512 (512 KB) 0.96 / 1.00 and 256->1024 0.82 /
-# 0.86; avx2 up to 32 KB 1.06-1.37 / 0.98-1.36, 64->256 1.03-1.04 / 0.96-1.05, 128->256
-# 0.99-1.02 / 0.99-1.01, 128->512 0.95 / 0.98. bf16 and f16 (widened copies) lose: 64->256
-# on avx512 0.71-0.78 on 1 thread.
+# run with fewer outputs than inputs where the weights take at most SWAP_MAX_SUMS_BYTES:
+# the planner then reads the larger tensor in place and transposes only the smaller one,
+# instead of copying both into panels; and with more outputs than inputs where they take
+# at least SWAP_MIN_SUMS_BYTES: both are packed then, and the panels of more output
+# channels run faster on avx2. Sapphire Rapids, batch 8, pair ratios swapped / as given
+# on 1 / 2 threads (XIO; OIX weights through register transposes):
+#   more outputs: avx512 32->64 on 56x56 1.31 / 1.24, 64->128 1.21 / 1.20, 64->256
+#   (ResNet-50's res2a_branch1) 1.20 / 1.25, 128->256 on 28x28 and 56x56 1.07-1.19 /
+#   1.04-1.06, 128->512 (256 KB) 1.04-1.08 / 1.01-1.10, 256->1024 0.93 / 0.96, 512->2048
+#   0.80 / 0.80; avx2 up to 32 KB 1.06-1.37 / 0.98-1.36, 64->256 1.03-1.04 / 0.96-1.05,
+#   128->256 0.99-1.02 / 0.99-1.01, 128->512 0.94-0.95 / 0.96-0.98, 256->1024 0.85 / 0.85.
+#   bf16 and f16 (widened copies) lose: 64->256 on avx512 0.71-0.78 on 1 thread.
+#   fewer outputs: avx2 256->64 1.04 / 1.04, 512->128 1.07 / 1.03, 1024->256 (1 MB)
+#   1.16 / 1.16, 2048->512 1.08 / 1.10; avx512 256->64 1.07 / 0.82, 512->128 0.93 / 0.95,
+#   1024->256 1.01 / 0.99, 2048->512 0.98 / 1.01.
+# resolve() knows no ISA (the runtime, the AOT build and its fallback to a lesser ISA's
+# kernels must agree on the configuration), hence thresholds both paths accept.
 SWAP_MAX_SUMS_BYTES = 128 * 1024
+SWAP_MIN_SUMS_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -396,10 +404,13 @@ def _kernel_from_shape(spec: OpSpec, layout: _Layout, shape, o: int, i_g: int):
 
 def _swaps_operands(a, kernel, pb, pe, cin: int, cout: int, dtype: str) -> bool:
     """Whether a weight gradient runs as the problem with its inputs swapped
-    (SWAP_MAX_SUMS_BYTES)."""
-    return (a.data_format == "NCX" and dtype == "f32" and a.groups == 1 and cout > cin
+    (SWAP_MAX_SUMS_BYTES, SWAP_MIN_SUMS_BYTES)."""
+    sums = 4 * cin * cout
+    return (a.data_format == "NCX" and dtype == "f32" and a.groups == 1
             and all(k == 1 for k in kernel) and all(s == 1 for s in a.strides)
-            and not any(pb) and not any(pe) and 4 * cin * cout <= SWAP_MAX_SUMS_BYTES)
+            and not any(pb) and not any(pe)
+            and (cout > cin and sums <= SWAP_MAX_SUMS_BYTES
+                 or cin > cout and sums >= SWAP_MIN_SUMS_BYTES))
 
 
 def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,

@@ -976,9 +976,10 @@ SWAPPED = dict(spatial=(5, 7), kernel=(1, 1), in_channels=20, out_channels=37, b
 
 
 def test_weight_gradients_swap_their_inputs_by_rule():
-    """1x1 channels-first f32 weight gradients with stride 1, no pads, one group and
-    more output than input channels (small weights) run the problem with src and
-    diff_dst swapped: channels swapped, weights format flipped; no others do."""
+    """1x1 channels-first f32 weight gradients with stride 1, no pads and one group run
+    the problem with src and diff_dst swapped (channels swapped, weights format flipped)
+    where they have more output than input channels and small weights, or fewer and
+    large weights; no others do."""
     for op, swap in (("ConvolutionBackwardWeights", False), ("ConvTransposeBackwardWeights", True)):
         channels = dict(in_channels=37, out_channels=20) if swap else {}
         problem = _problem(make_case(op, **{**SWAPPED, **channels},
@@ -989,12 +990,16 @@ def test_weight_gradients_swap_their_inputs_by_rule():
     unswapped = [dict(in_channels=37, out_channels=20), dict(data_format="NXC"),
                  dict(dtype="f16"), dict(groups=2, in_channels=20, out_channels=38),
                  dict(attrs=dict(strides=2)), dict(attrs=dict(pads_begin=[1, 0], pads_end=[1, 0])),
-                 dict(kernel=(1, 3)), dict(in_channels=128, out_channels=512)]
+                 dict(kernel=(1, 3)), dict(in_channels=128, out_channels=512),
+                 dict(in_channels=512, out_channels=128), dict(in_channels=256, out_channels=1024)]
     for change in unswapped:
         geometry = {**SWAPPED, **change}
         problem = _problem(make_case("ConvolutionBackwardWeights", **geometry))
         assert not problem.swap_inputs, change
         assert problem.config.cout_per_group * problem.config.groups == geometry["out_channels"]
+    problem = _problem(make_case("ConvolutionBackwardWeights", **{**SWAPPED, "in_channels": 1024,
+                                                                  "out_channels": 256}))
+    assert problem.swap_inputs and problem.config.cout_per_group == 1024
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -1006,10 +1011,17 @@ def test_weight_gradients_swap_their_inputs_by_rule():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_weight_gradients_with_inputs_swapped(isa, op, weights_format, threads, monkeypatch):
     """Swapped weight gradients give the reference's weights in the user's format, on
-    every ISA path (channel tails on both sides), in pixel slices and in place."""
+    every ISA path (channel tails on both sides), in pixel slices and in place, and with
+    large weights from packed panels."""
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     channels = (dict(in_channels=37, out_channels=20) if op in TRANSPOSE
                 else dict(in_channels=20, out_channels=37))
+    large = (dict(in_channels=256, out_channels=1030) if op in TRANSPOSE
+             else dict(in_channels=1030, out_channels=256))  # 1 MB of weights, a tail
+    case = make_case(op, **{**SWAPPED, **large, "spatial": (3, 4), "batch": 2},
+                     weights_format=weights_format, seed=8)
+    assert _problem(case).swap_inputs is (op not in TRANSPOSE)
+    run_case(case, num_threads=threads)
     for spatial, batch in (((5, 7), 3), ((40, 33), 2)):
         case = make_case(op, **{**SWAPPED, **channels, "spatial": spatial, "batch": batch},
                          weights_format=weights_format, seed=7)
