@@ -471,7 +471,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     last = _last_part(vectors, block)
     budget = min(ACCUMULATORS[config.isa] // block, most_rows)
     if flatten_w:
-        rows, total = channels * (budget // channels), channels * config.kernel[-1]
+        rows, total = _flattened_rows(config, block, most_rows)
     elif dot:  # rows run over (kw, channel) of the pixel-pair copy of src
         total = channels * config.kernel[-1]
         rows = min(total, budget)
@@ -536,13 +536,20 @@ def _flatten_vector_block(config: KernelConfig, block: int, most_rows: int) -> i
     narrow = FLATTEN_VECTOR_BLOCK.get(VECTOR_LANES[config.isa])
     if narrow is None or block <= narrow:
         return block
-    channels, total = config.cin_per_group, config.cin_per_group * config.kernel[-1]
-    budget = min(ACCUMULATORS[config.isa] // narrow, most_rows)
-    rows = min(total, channels * (budget // channels))
+    rows, total = _flattened_rows(config, narrow, most_rows)
+    rows = min(total, rows)
     if rows < 1:
         return block
     last = _last_part(total, rows)
     return narrow if 2 * last >= rows else block
+
+
+def _flattened_rows(config: KernelConfig, block: int, most_rows: int) -> tuple[int, int]:
+    """Tile rows over (kw, input channel) pairs with vector block `block` (whole kw
+    taps' channels that the registers hold), and how many such pairs there are."""
+    channels = config.cin_per_group
+    budget = min(ACCUMULATORS[config.isa] // block, most_rows)
+    return channels * (budget // channels), channels * config.kernel[-1]
 
 
 def _prefetch_next_chunk(config: KernelConfig, chunk_pixels: int, copied: bool) -> bool:
