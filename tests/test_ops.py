@@ -276,6 +276,57 @@ def test_data_gradient_rows_with_and_without_padded_columns(isa, op, width, data
     np.testing.assert_array_equal(run_case(case, num_threads=2), run_case(case, num_threads=1))
 
 
+# Data-gradient rows whose phases each have a w tap that reaches every column (then runs
+# of each tap overlap) and some that do not (disjoint runs, maybe padded): rows wider and
+# narrower than the padding threshold, strides along w (phases) and h, dilation, 1-D/3-D.
+OVERLAP_GEOMETRY = {
+    "3x3 on 28": dict(spatial=(4, 28), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1)),
+    "3x3 on 7": dict(spatial=(5, 7), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1)),
+    "3x5 strided": dict(spatial=(7, 19), kernel=(3, 5),
+                        attrs=dict(strides=[2, 2], pads_begin=[1, 2], pads_end=[1, 2])),
+    "1x7 stride 3": dict(spatial=(3, 19), kernel=(1, 7),
+                         attrs=dict(strides=[1, 3], pads_begin=[0, 3], pads_end=[0, 1])),
+    "1-D dilated": dict(spatial=(30,), kernel=(5,),
+                        attrs=dict(dilations=[3], pads_begin=[4], pads_end=[2])),
+    "3-D": dict(spatial=(3, 4, 11), kernel=(3, 3, 3), attrs=dict(pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("geometry", OVERLAP_GEOMETRY)
+@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f16")])
+@pytest.mark.parametrize("plan", [{}, {"overlap_runs": 0}], ids=["overlap", "disjoint"])
+def test_data_gradient_rows_as_overlapping_tap_runs(isa, op, geometry, data_format, dtype,
+                                                    plan):
+    """Each w tap runs over all the columns it reaches, later taps adding to the sums of
+    a tap that reaches them all (the rule), or rows are cut into disjoint runs: exact, on
+    1 and 2 threads, 37 <- 70 channels (vector tails on both sides)."""
+    case = make_case(op, **OVERLAP_GEOMETRY[geometry], in_channels=37, out_channels=70,
+                     batch=2, data_format=data_format, dtype=dtype, seed=3)
+    for threads in (1, 2):
+        run_with_plan(case, plan, isa, threads)
+
+
+def test_overlapping_tap_runs_by_rule():
+    """Direct data gradients overlap their runs by rule (f32, and NCX f16/bf16, whose f32
+    result is rounded in its own pass), never where tiles round into an f16/bf16
+    channels-last result; disjoint runs stay a candidate."""
+    from convgrad.codegen.plan import candidates, overlap_runs
+
+    def config(dtype="f32", fmt="NXC", family="bwd_data"):
+        return KernelConfig(family, (3, 3), (1, 1), (1, 1), 1, 64, 64, fmt, "XIO", dtype,
+                            "avx2")
+
+    for on in (config(), config(fmt="NCX"), config("f16", "NCX"), config("bf16", "NCX"),
+               config(family="fwd")):
+        assert overlap_runs(on) and not overlap_runs(on, {"overlap_runs": 0})
+        assert {"overlap_runs": 0} in candidates(on)
+    for off in (config("f16"), config("bf16")):
+        assert not overlap_runs(off, {"overlap_runs": 1})
+        assert all("overlap_runs" not in plan for plan in candidates(off))
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvolutionBackpropData",
                                 "ConvTransposeBackwardData"])

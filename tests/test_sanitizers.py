@@ -114,14 +114,18 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     import sys
     sys.path.insert(0, {tests!r})
     from cases import make_case
-    from test_ops import run_case
-    # padded columns; a dilated narrow row cut at its edges (24% of the padded row's
+    from test_ops import run_case, run_with_plan
+    # overlapping runs of each w tap (and, forced, padded columns instead); a dilated
+    # narrow row cut at its edges (no tap reaches every column; 24% of the padded row's
     # multiply-adds would be by zeros); wide rows with 70 channels (avx2: 3 x 4 tiles)
     for width, channels, dilation in ((7, 180, 1), (7, 180, 2), (40, 70, 2)):
-        run_case(make_case("ConvolutionBackwardData", spatial=(5, width), kernel=(2, 3),
-                           in_channels=channels, out_channels=70, batch=2,
-                           attrs=dict(strides=[2, 1], dilations=[1, dilation],
-                                      pads_begin=[1, 3], pads_end=[0, 1])), num_threads=2)
+        case = make_case("ConvolutionBackwardData", spatial=(5, width), kernel=(2, 3),
+                         in_channels=channels, out_channels=70, batch=2,
+                         attrs=dict(strides=[2, 1], dilations=[1, dilation],
+                                    pads_begin=[1, 3], pads_end=[0, 1]))
+        run_case(case, num_threads=2)
+        if dilation == 1:
+            run_with_plan(case, {{"overlap_runs": 0}}, None, 2)
     for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):  # NCX 1x1 in place
         run_case(make_case(op, spatial=(12, 13), kernel=(1, 1), in_channels=70,
                            out_channels=37, batch=2, data_format="NCX"), num_threads=2)

@@ -186,9 +186,11 @@ def _workspace_bytes(op, plan, **params):
 def test_narrow_rows_pad_by_rule():
     """Data gradients pad narrow rows where each input value feeds at least
     PAD_MIN_FMAS multiply-adds, and (decided at run time) at most
-    PAD_MAX_ZEROS_PERCENT of the padded row's multiply-adds are by zeros: a plain 3x3
-    on 7 columns (10% zeros) copies the padded input into its workspace, a dilation-3
-    3x3 on 11 columns (42% zeros) does not even when its plan asks for padding."""
+    PAD_MAX_ZEROS_PERCENT of the padded row's multiply-adds are by zeros, and runs of
+    each w tap cannot overlap instead: a plain 3x3 on 7 columns (10% zeros) copies the
+    padded input into its workspace only with disjoint runs (its rule overlaps them), a
+    dilation-3 3x3 on 11 columns (42% zeros, no tap reaching every column) does not even
+    when its plan asks for padding."""
     from convgrad.codegen.plan import PAD_MIN_FMAS, pad_columns_below
 
     assert pad_columns_below(_config("bwd_data", (3, 3), 512, 512, isa="avx2")) > 0
@@ -199,12 +201,15 @@ def test_narrow_rows_pad_by_rule():
     op = "ConvolutionBackwardData"
     plain = dict(spatial=(7, 7), kernel=(3, 3), in_channels=16, out_channels=8, batch=1,
                  attrs=dict(pads_begin=1, pads_end=1))
-    padded, unpadded = (_workspace_bytes(op, {"pad_columns": p}, **plain) for p in (1, 0))
-    assert padded > unpadded
+    padded, unpadded = (_workspace_bytes(op, {"pad_columns": p, "overlap_runs": 0}, **plain)
+                        for p in (1, 0))
+    assert padded > unpadded == _workspace_bytes(op, {"pad_columns": 1}, **plain)
     dilated = dict(plain, spatial=(7, 7), attrs=dict(pads_begin=1, pads_end=1,
                                                      dilations=[3, 3]))
-    padded, unpadded = (_workspace_bytes(op, {"pad_columns": p}, **dilated) for p in (1, 0))
-    assert padded == unpadded
+    for overlap in (0, 1):
+        padded, unpadded = (_workspace_bytes(op, {"pad_columns": p, "overlap_runs": overlap},
+                                             **dilated) for p in (1, 0))
+        assert padded == unpadded
 
 
 def test_few_input_channels_take_tiles_of_two_vectors_where_rows_split_evenly():
