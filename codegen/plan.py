@@ -816,14 +816,14 @@ def pad_columns_below(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN
 def overlap_runs(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     """Whether a direct data gradient runs each w tap over every column it reaches, runs
     overlapping (runs.h.j2), where each phase of a row has a tap that reaches all its
-    columns (then no narrow row is padded either); not where the tiles round into the
-    user's f16/bf16 tensor (a column's first run would round before the others add).
+    columns (then no narrow row is padded either). f16/bf16 channels-last results then
+    round a row once all its runs have added, not in the tiles.
 
     Sapphire Rapids, ResNet-50 NXC batch 8, pair ratios overlapping / disjoint runs (or
     padded rows where narrow), 1 / 2 threads: 3x3 on 28 columns 1.08 / 1.08 (avx512),
     1.06 / 1.06 (avx2); 56 columns 0.99 / 1.01, 1.10 / 1.14; 14 columns (padded before)
     1.01 / 1.01, 1.05 / 1.04; 7 columns 1.09 / 1.08, 1.08 / 1.07."""
-    return not _rounds_in_tiles(config) and bool(plan.get("overlap_runs", 1))
+    return bool(plan.get("overlap_runs", 1))
 
 
 def image_block_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:

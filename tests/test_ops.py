@@ -295,13 +295,14 @@ OVERLAP_GEOMETRY = {
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("geometry", OVERLAP_GEOMETRY)
-@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f16")])
+@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f16"), ("NXC", "bf16")])
 @pytest.mark.parametrize("plan", [{}, {"overlap_runs": 0}], ids=["overlap", "disjoint"])
 def test_data_gradient_rows_as_overlapping_tap_runs(isa, op, geometry, data_format, dtype,
                                                     plan):
     """Each w tap runs over all the columns it reaches, later taps adding to the sums of
-    a tap that reaches them all (the rule), or rows are cut into disjoint runs: exact, on
-    1 and 2 threads, 37 <- 70 channels (vector tails on both sides)."""
+    a tap that reaches them all (the rule; bf16 channels-last results then round whole
+    rows, not in the tiles), or rows are cut into disjoint runs: exact, on 1 and 2
+    threads, 37 <- 70 channels (vector tails on both sides)."""
     case = make_case(op, **OVERLAP_GEOMETRY[geometry], in_channels=37, out_channels=70,
                      batch=2, data_format=data_format, dtype=dtype, seed=3)
     for threads in (1, 2):
@@ -309,22 +310,23 @@ def test_data_gradient_rows_as_overlapping_tap_runs(isa, op, geometry, data_form
 
 
 def test_overlapping_tap_runs_by_rule():
-    """Direct data gradients overlap their runs by rule (f32, and NCX f16/bf16, whose f32
-    result is rounded in its own pass), never where tiles round into an f16/bf16
-    channels-last result; disjoint runs stay a candidate."""
-    from convgrad.codegen.plan import candidates, overlap_runs
+    """Direct data gradients (and ConvTranspose's, fwd) overlap their runs by rule, in
+    every dtype and layout; disjoint runs stay a candidate. Depthwise layers keep their
+    own runs."""
+    from convgrad.codegen.plan import candidates, overlap_runs, render_context
 
-    def config(dtype="f32", fmt="NXC", family="bwd_data"):
-        return KernelConfig(family, (3, 3), (1, 1), (1, 1), 1, 64, 64, fmt, "XIO", dtype,
-                            "avx2")
+    def config(dtype="f32", fmt="NXC", family="bwd_data", groups=1, channels=64):
+        return KernelConfig(family, (3, 3), (1, 1), (1, 1), groups, channels, channels, fmt,
+                            "XIO", dtype, "avx2")
 
-    for on in (config(), config(fmt="NCX"), config("f16", "NCX"), config("bf16", "NCX"),
+    for on in (config(), config(fmt="NCX"), config("f16"), config("bf16", "NCX"),
                config(family="fwd")):
         assert overlap_runs(on) and not overlap_runs(on, {"overlap_runs": 0})
         assert {"overlap_runs": 0} in candidates(on)
-    for off in (config("f16"), config("bf16")):
-        assert not overlap_runs(off, {"overlap_runs": 1})
-        assert all("overlap_runs" not in plan for plan in candidates(off))
+        assert render_context(on, "v")["overlap_runs"]
+    depthwise = config(groups=64, channels=1)
+    assert depthwise.depthwise and not render_context(depthwise, "v")["overlap_runs"]
+    assert all("overlap_runs" not in plan for plan in candidates(depthwise))
 
 
 @pytest.mark.parametrize("isa", ISAS)

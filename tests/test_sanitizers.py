@@ -126,6 +126,9 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_case(case, num_threads=2)
         if dilation == 1:
             run_with_plan(case, {{"overlap_runs": 0}}, None, 2)
+    run_case(make_case("ConvolutionBackwardData", spatial=(5, 9), kernel=(3, 3),  # bf16 rows
+                       in_channels=37, out_channels=70, batch=2, dtype="bf16",   # rounded
+                       attrs=dict(pads_begin=1, pads_end=1)), num_threads=2)   # after runs
     for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):  # NCX 1x1 in place
         run_case(make_case(op, spatial=(12, 13), kernel=(1, 1), in_channels=70,
                            out_channels=37, batch=2, data_format="NCX"), num_threads=2)
