@@ -54,9 +54,10 @@ def train(model: nn.Module, data, *, epochs: int, batch: int = 64, lr: float = 1
           seed: int = SEED, channels_last: bool = False) -> tuple[list[float], float]:
     """Adam on shuffled batches; returns the loss of every step and the test accuracy (%).
 
-    With these settings training is not chaotic: runs whose sums round differently stay
-    together (at lr 0.05 with SGD and momentum, a change of one ulp in the initial
-    weights moves torch.nn's own loss curve by 3e-2 within 300 steps)."""
+    With these settings runs whose sums round differently stay together: a change of one
+    ulp in the initial weights moves torch.nn's own loss curve by at most 6e-3 relative
+    (median 3e-4) over 276 steps on Sapphire Rapids; at lr 0.05 with SGD and momentum,
+    by 3e-2 within 300 steps."""
     x_train, y_train, x_test, y_test = data
     if channels_last:
         model.to(memory_format=torch.channels_last)
