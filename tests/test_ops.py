@@ -295,8 +295,10 @@ OVERLAP_GEOMETRY = {
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("geometry", OVERLAP_GEOMETRY)
-@pytest.mark.parametrize("data_format,dtype", [("NXC", "f32"), ("NCX", "f16"), ("NXC", "bf16")])
-@pytest.mark.parametrize("plan", [{}, {"overlap_runs": 0}], ids=["overlap", "disjoint"])
+@pytest.mark.parametrize("data_format,dtype,plan", [("NXC", "f32", {}), ("NCX", "f16", {}),
+                                                    ("NXC", "bf16", {}),
+                                                    ("NXC", "f32", {"overlap_runs": 0})],
+                         ids=["NXC-f32", "NCX-f16", "NXC-bf16", "NXC-f32-disjoint"])
 def test_data_gradient_rows_as_overlapping_tap_runs(isa, op, geometry, data_format, dtype,
                                                     plan):
     """Each w tap runs over all the columns it reaches, later taps adding to the sums of
