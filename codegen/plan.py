@@ -27,6 +27,8 @@ PLAN_CHOICES = {
     "overlap_runs": "data gradients: 1 runs each w tap over all the columns it reaches "
                     "(runs overlap), 0 cuts rows into runs of the columns the same taps reach",
     "point_vb_inner": "1x1 data gradients: 1 runs a pixel block's vector blocks together",
+    "row_vb_inner": "data gradients by rows: 1 runs each row's vector blocks together "
+                    "(its input read once per pass), 0 each vector block over every row",
     "ncx_in_place": "1x1 NCX f32 data gradients: 1 reads NCX in place, 0 transposes",
     "slide": "depthwise gradients: 1 uses sliding tiles (data) or a sliding window of src "
              "columns (weights) where stride 1 allows",
@@ -300,6 +302,17 @@ IMAGE_BLOCK_BYTES = 1 << 20
 # avx2 1.13 / 1.04 (1 thread), 1.02 / 1.08 (2); the AOT tuner's pick on Zen 3 avx2
 # (1.12, 1.30) and Zen 4 avx512 (1.12, 1.20). 4 MB (2048 <-> 512) lose: 0.92-0.98.
 POINT_VB_INNER_BYTES = 1024 * 1024
+# Data gradients by rows with one tap (1x1 strided, or padded) run each output row's
+# vector blocks one after the other where a pass's weights (every vector block's) take at
+# most this, so the row's input comes from memory once per pass rather than once per
+# vector block (each input value feeds only a vector block's multiply-adds); else each
+# vector block goes over every row of a thread's share (its weights stay in L2).
+# Sapphire Rapids, ResNet-50 batch 8, pair ratios rows / vector blocks outer, avx512 /
+# avx2, 1 thread: 1x1 stride 2 256<-512 (512 KB of weights) 1.16 / 1.14, 128<-256 1.19
+# / 1.37, 256<-512 1.16 / 1.16 (2 threads 1.09-1.40; NCX 1.04-1.10); but 2 MB lose
+# (512<-1024 0.89 / 0.95, 1024<-2048 0.59 / 0.65). Kernels of 9 taps reuse each input
+# value 9 times per vector block: 3x3 on 64 and 128 channels 0.98-1.01, 256: 0.98 / 0.82.
+ROW_VB_INNER_BYTES = 1024 * 1024
 
 # Tap loops longer than this stay loops instead of being unrolled.
 MAX_UNROLLED_TAPS = 16
@@ -411,6 +424,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     passes = -(-reduced // most)
     chunk = -(-reduced // passes)
     chunk += chunk % 2 if passes > 1 else 0
+    pass_weights = config.groups * vectors * lanes * chunk * elem_bytes  # per tap
     long_tile = rows + 1 if (rows + 1) * block <= LONG_TILE_ACCUMULATORS.get(config.isa, 0) and (
         not across and rows < MAX_TILE_ROWS) else 0
     if long_tile:
@@ -425,9 +439,12 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             # weights take at most POINT_VB_INNER_BYTES (Zen 4 avx2, 1x1 64<-256: 51 -> 81
             # GFLOP/s), else each vector block over all pixels (avx512 2 threads,
             # 2048<-512, 4 MB: 153 -> 198)
-            "point_vb_inner": bool(plan.get(
-                "point_vb_inner",
-                config.groups * vectors * lanes * chunk * elem_bytes <= POINT_VB_INNER_BYTES))}
+            "point_vb_inner": bool(plan.get("point_vb_inner",
+                                            pass_weights <= POINT_VB_INNER_BYTES)),
+            # Other layers go row by row, likewise for one tap (ROW_VB_INNER_BYTES).
+            "row_vb_inner": bool(plan.get(
+                "row_vb_inner", taps == 1 and not across and -(-vectors // block) > 1
+                and pass_weights <= ROW_VB_INNER_BYTES))}
 
 
 def _weight_sums_bytes(config: KernelConfig) -> int:
@@ -1032,6 +1049,9 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found.append({"image_block_kb": 0})
     if tiles["pointwise"]:
         found.append({"point_vb_inner": int(not tiles["point_vb_inner"])})
+    if prod(config.kernel) == 1 and tiles["vec_block"] < -(
+            -config.vector_channels // VECTOR_LANES[isa]):
+        found.append({"row_vb_inner": int(not tiles["row_vb_inner"])})
     if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:
         found.append({"ncx_in_place": int(not pointwise_ncx_tiles(config)["pointwise_ncx"])})
     found += [{"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 // 4},

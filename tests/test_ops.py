@@ -331,6 +331,29 @@ def test_overlapping_tap_runs_by_rule():
     assert all("overlap_runs" not in plan for plan in candidates(depthwise))
 
 
+def test_row_vector_blocks_inner_by_rule():
+    """Data gradients by rows with one tap run each row's vector blocks together where a
+    pass's weights take at most ROW_VB_INNER_BYTES; larger weights, kernels of several
+    taps and single vector blocks keep each vector block over every row; the other
+    order stays a candidate."""
+    from convgrad.codegen.plan import ROW_VB_INNER_BYTES, candidates, direct_tiles
+
+    def config(cin, cout, kernel=(1, 1), family="bwd_data", isa="avx512", fmt="NXC"):
+        return KernelConfig(family, kernel, (2, 2), (1, 1), 1, cin, cout, fmt, "XIO", "f32",
+                            isa)
+
+    for on in (config(256, 512), config(128, 256, isa="avx2"), config(256, 512, fmt="NCX"),
+               config(512, 256, family="fwd")):
+        assert direct_tiles(on)["row_vb_inner"]
+        assert {"row_vb_inner": 0} in candidates(on)
+    assert ROW_VB_INNER_BYTES < 512 * 1024 * 4  # config(512, 1024)
+    for off in (config(512, 1024), config(128, 128, (3, 3)), config(64, 256)):
+        assert not direct_tiles(off)["row_vb_inner"]
+    assert {"row_vb_inner": 1} in candidates(config(512, 1024))
+    # one vector block (64 channels on avx512): no other order to offer
+    assert all("row_vb_inner" not in plan for plan in candidates(config(64, 256)))
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvolutionBackpropData",
                                 "ConvTransposeBackwardData"])

@@ -282,6 +282,13 @@ EXACT_CASES = {
                              attrs=dict(strides=[2, 1], pads_begin=1, pads_end=1)),
     "data 1x1 NCX": dict(op="ConvolutionBackwardData", spatial=(12, 13), kernel=(1, 1),
                          in_channels=70, out_channels=37, batch=2, data_format="NCX"),
+    # one tap by rows: each row's vector blocks together, or each over every row
+    "data 1x1 strided": dict(op="ConvolutionBackwardData", spatial=(7, 9), kernel=(1, 1),
+                             in_channels=70, out_channels=40, batch=2,
+                             attrs=dict(strides=2, pads_begin=[0, 1], pads_end=[1, 0])),
+    "fwd 1x1 strided NCX": dict(op="ConvTransposeBackwardData", spatial=(13, 9),
+                                kernel=(1, 1), in_channels=40, out_channels=70, batch=2,
+                                data_format="NCX", attrs=dict(strides=[2, 1])),
     "fwd 3x3": dict(op="ConvTransposeBackwardData", spatial=(9, 8), kernel=(3, 3),
                     in_channels=40, out_channels=50, batch=2,
                     attrs=dict(pads_begin=1, pads_end=1)),
