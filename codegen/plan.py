@@ -191,6 +191,12 @@ LAST_TILE_EXTRA_ROWS = 2
 # Not on aarch64: there the 7x4 tile spilled in its inner loop (NEON and 256-bit SVE).
 LONG_TILE_ACCUMULATORS = {"avx512bf16": 28, "avx512": 28}
 WEIGHT_CHUNK_BYTES = 512 * 1024  # half of a 1 MB L2 (Zen 4, Sapphire Rapids: 2 MB)
+# ...a tuning candidate for 1x1 data gradients on 8-lane paths: a vector block's weights
+# per pass that stay in L1. Sapphire Rapids avx2, ResNet-50 batch 8, pair ratios against
+# the rule's 512 KB, 1 thread: 1.07-1.18 where 512-1024 channels are reduced (res4a_branch1
+# 1.18), 0.97 on the strided 256<-512 and 1024<-2048; 2 threads 0.95-1.11. No rule: avx512
+# loses (0.91-1.01), and so do 3x3 layers (0.90-0.93).
+L1_WEIGHT_CHUNK_KB = 32
 
 # Weight-gradient chunks: every tile passes over one chunk of diff_dst rows before the
 # next. Where all the weight sums stay in L2, a chunk is about CHUNK_PIXELS pixels, so
@@ -1041,7 +1047,7 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         if config.strides[-1] == 1 and config.kernel[-1] > 1:
             found.append({"slide": int(not slide_rows(config))})
         return found
-    if overlap_runs(config):
+    if overlap_runs(config) and config.kernel[-1] > 1:  # one w tap: the same runs
         found.append({"overlap_runs": 0})
     if pad_columns_below(config, {"pad_columns": 1}):
         found.append({"pad_columns": int(not pad_columns_below(config))})
@@ -1049,11 +1055,13 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found.append({"image_block_kb": 0})
     if tiles["pointwise"]:
         found.append({"point_vb_inner": int(not tiles["point_vb_inner"])})
-    if prod(config.kernel) == 1 and tiles["vec_block"] < -(
+    if prod(config.kernel) == 1 and not tiles["pointwise"] and tiles["vec_block"] < -(
             -config.vector_channels // VECTOR_LANES[isa]):
         found.append({"row_vb_inner": int(not tiles["row_vb_inner"])})
     if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:
         found.append({"ncx_in_place": int(not pointwise_ncx_tiles(config)["pointwise_ncx"])})
+    if prod(config.kernel) == 1 and VECTOR_LANES[isa] == 8:
+        found.append({"weight_chunk_kb": L1_WEIGHT_CHUNK_KB})
     found += [{"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 // 4},
               {"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 * 4}]
     return found
