@@ -636,6 +636,10 @@ PACKED_WEIGHT_GEOMETRY = {
                attrs=dict(strides=[2], pads_begin=[2], pads_end=[0])),
     "3d": dict(spatial=(5, 6, 7), kernel=(3, 3, 3), in_channels=64, out_channels=48, batch=1,
                attrs=dict(pads_begin=1, pads_end=1)),
+    # 16 input channels per group: tiles of near-equal height (8 + 8 on avx512, 4 x 4 on
+    # avx2) over 2 output vectors
+    "3d grouped": dict(spatial=(4, 5, 6), kernel=(3, 3, 3), in_channels=32, out_channels=64,
+                       groups=2, batch=1, attrs=dict(pads_begin=1, pads_end=[0, 1, 1])),
 }
 
 
@@ -832,6 +836,22 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
     for cout, avx512_block in ((64, 4), (128, 2), (256, 2), (512, 4)):
         expected = 2 if isa == "avx2" else avx512_block
         assert weight_tiles(replace(nxc, cout_per_group=cout))["vec_block"] == expected
+
+
+def test_weight_tiles_of_near_equal_height():
+    """Weight-gradient tiles split a group's input channels into tiles of near-equal
+    height, not full tiles and a short one."""
+    from convgrad.codegen.plan import weight_tiles
+
+    def rows(cin, isa, cout=32):
+        tiles = weight_tiles(KernelConfig("bwd_weights", (3, 3, 3), (1, 1, 1), (1, 1, 1), 8,
+                                          cin, cout, "NXC", "XIO", "f32", isa))
+        return sorted({r for r, _ in tiles["tiles"]})
+
+    assert rows(16, "avx512") == [8]
+    assert rows(32, "avx512") == [10, 11]
+    assert rows(8, "avx2", 16) == [4]
+    assert rows(64, "avx512", 64) == [4, 6]  # 10 x 6 + 4: already near equal
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
