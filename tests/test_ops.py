@@ -927,16 +927,19 @@ def test_nan_reaches_exactly_the_results_it_touches(op, dtype, data_format):
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("in_channels,groups", [(16, 1), (2, 1), (4, 4)])
+@pytest.mark.parametrize("column", [0, 2])
 @pytest.mark.filterwarnings("ignore:invalid value encountered")
-def test_weight_gradient_of_inf_at_a_padded_border(op, dtype, data_format, in_channels, groups):
+def test_weight_gradient_of_inf_at_a_padded_border(op, dtype, data_format, in_channels, groups,
+                                                   column):
     """Copies that are zero outside the image multiply the padding by diff_dst; an inf
-    there must not turn taps that only reach padding into NaN (0 x inf)."""
+    there (column 0) must not turn taps that only reach padding into NaN (0 x inf). Sums
+    without a NaN skip the scan for it: an inf inside (column 2) gives the op's result."""
     case = make_case(op, spatial=(6, 6), kernel=(3, 3), in_channels=in_channels,
                      out_channels=16 if groups == 1 else 4, groups=groups, batch=1,
                      data_format=data_format, dtype=dtype,
                      attrs=dict(pads_begin=[1, 1], pads_end=[1, 1]))
     diff = case.inputs[1]  # diff_dst (the ConvTranspose op's own src) of the weight gradient
-    diff[(0, 2, 0, 0) if data_format == "NXC" else (0, 0, 2, 0)] = np.inf
+    diff[(0, 2, column, 0) if data_format == "NXC" else (0, 0, 2, column)] = np.inf
     result = convgrad.execute(case.op, case.inputs, case.attrs)
     expected = case.expected(result.dtype)
     assert np.isinf(expected).any()
