@@ -218,6 +218,12 @@ NXC_IN_PLACE_CHUNK_PIXELS = {16: 64}
 # 3x3, 3 -> 64 (9 rows) 1.16 / 1.06, 3 -> 48 1.04 / 1.00; but 5x5 with 3 channels (15
 # rows: 12 + 3) 0.79-0.82.
 FLATTEN_VECTOR_BLOCK = {16: 2}
+# ...only below this many input channels per group: from 8 on avx512 (6 on avx2) tiles of
+# one tap's channels, packed, run faster. Sapphire Rapids, batch 8, 1 thread, pair ratios
+# flattened / not, 3x3 and 3x3x3 layers with 16-32 outputs per group: avx512 4-5 channels
+# 0.63-0.82, 6 0.93-1.04, 7 0.89, but 8 1.20-1.35 (ResNeXt conv_3d:4 1.30, 1.01 on 2
+# threads) and 12 1.31; avx2 (8 outputs) 4 channels 0.61-0.72, 6 1.00-1.18.
+FLATTEN_BELOW_CHANNELS = {"avx512bf16": 8, "avx512": 8, "avx2": 6}
 SUMS_IN_L2_BYTES = 640 * 1024  # half of Ice Lake-SP's 1.25 MB L2
 CHUNK_BYTES = 1024 * 1024
 
@@ -491,6 +497,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     # Few input channels: tile rows over (kw, channel) pairs fill the registers.
     dot = uses_bf16_dot(config, plan)
     flatten_w = (2 * channels <= min(ACCUMULATORS[config.isa] // block, most_rows)
+                 and channels < FLATTEN_BELOW_CHANNELS.get(config.isa, channels + 1)
                  and config.kernel[-1] > 1 and not dot)
     if flatten_w and "vec_block" not in plan:
         block = _flatten_vector_block(config, block, most_rows)

@@ -232,6 +232,20 @@ def test_few_input_channels_take_tiles_of_two_vectors_where_rows_split_evenly():
     assert weight_tiles(config(7, 64, "avx2"))["vec_block"] == 3
 
 
+def test_taps_flattened_into_tile_rows_only_for_few_channels():
+    """(kw, channel) tile rows where a group has fewer than 8 input channels on avx512
+    (6 on avx2) and the rows fit the registers; more channels take tiles of one tap's."""
+    from convgrad.codegen.plan import weight_tiles
+
+    def flattened(channels, cout, isa):
+        return weight_tiles(KernelConfig("bwd_weights", (3, 3, 3), (1, 1, 1), (1, 1, 1), 16,
+                                         channels, cout, "NXC", "XIO", "f32", isa))["flatten_w"]
+
+    assert flattened(7, 16, "avx512") and not flattened(8, 16, "avx512")
+    assert flattened(5, 8, "avx2") and not flattened(6, 8, "avx2")
+    assert not flattened(4, 64, "avx512")  # 8 rows of 4 vectors: more than the registers
+
+
 def test_weight_gradients_fetch_their_next_chunk_by_rule():
     """f32 channels-last weight gradients in chunks of a few pixels fetch the next
     chunk's rows while their tiles run (read in place or packed), where the strides skip
