@@ -354,6 +354,46 @@ def test_row_vector_blocks_inner_by_rule():
     assert all("row_vb_inner" not in plan for plan in candidates(config(64, 256)))
 
 
+def test_tile_loops_unroll_where_registers_allow():
+    """The reduction loops of direct and weight-gradient tiles unroll STEP_UNROLL steps
+    on x86 where a tile's accumulators, vector operands and broadcast fit the registers: avx2's
+    4 x 3 (16 registers) does, its 3 x 4 (17) does not, nor does avx512's 7 x 4 (33).
+    {"step_unroll": 1} is a candidate and unrolls none."""
+    from convgrad.codegen.plan import (
+        STEP_UNROLL,
+        candidates,
+        direct_tiles,
+        unrolled_tiles,
+        weight_tiles,
+    )
+    from convgrad.codegen.render import render
+
+    assert unrolled_tiles("avx2", [(4, 3), (3, 4), (6, 2), (2, 1)]) == [(4, 3), (6, 2), (2, 1)]
+    assert unrolled_tiles("avx512", [(7, 4), (9, 3), (6, 4)]) == [(9, 3), (6, 4)]
+    direct_loop = "for (; c < stop; ++c) {"
+    weight_loop = "for (; x < stop; ++x, sp += SRC_STEP, dp += DD_STEP) {"
+    for family, isa, loop, tiles_of in (("bwd_data", "avx512", direct_loop, direct_tiles),
+                                        ("bwd_data", "avx2", direct_loop, direct_tiles),
+                                        ("bwd_weights", "avx512", weight_loop, weight_tiles),
+                                        ("bwd_weights", "avx2", weight_loop, weight_tiles)):
+        config = KernelConfig(family, (3, 3), (1, 1), (1, 1), 1, 256, 256, "NXC", "XIO",
+                              "f32", isa)
+        tiles = tiles_of(config)
+        assert tiles["unrolled_tiles"] == unrolled_tiles(isa, tiles["tiles"]) != []
+        assert tiles["step_unroll"] == STEP_UNROLL[isa] > 1
+        assert {"step_unroll": 1} in candidates(config)
+        unrolled = f"#pragma GCC unroll {STEP_UNROLL[isa]}\n            {loop}"
+        # direct tiles of fewer than 8 accumulators step twice a loop of their own
+        one_step = [t for t in tiles["unrolled_tiles"]
+                    if family == "bwd_weights" or t[0] * t[1] >= 8]
+        assert render(config).count(unrolled) == len(one_step) > 0
+        assert unrolled not in render(config, {"step_unroll": 1})
+    wide = KernelConfig("bwd_data", (3, 3), (1, 1), (1, 1), 1, 64, 64, "NXC", "XIO", "f32",
+                        "avx2")
+    assert (3, 4) in direct_tiles(wide)["tiles"]
+    assert (3, 4) not in direct_tiles(wide)["unrolled_tiles"]
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvolutionBackpropData",
                                 "ConvTransposeBackwardData"])
