@@ -335,8 +335,9 @@ MAX_UNROLLED_TAPS = 16
 # Multiply steps per iteration of a tile's reduction loop (over reduced channels in the
 # direct tiles, over pixels in the weight-gradient tiles): a step of a 4 x 3 avx2 tile is
 # 12 FMAs beside 7 loads, and the loop's own adds and compare-and-branch take issue slots
-# the FMAs need. Sapphire Rapids, 1 thread, pair ratios unrolled / not: data 1.02-1.08
-# on avx512 and avx2 (3x3 1.04-1.08), weights 0.98-1.07. Only tiles whose accumulators,
+# the FMAs need. Sapphire Rapids, ResNet-50 NXC, 1 thread, pair ratios unrolled / not:
+# data 0.98-1.10 on avx512 and avx2 (3x3 1.01-1.08), weights 0.98-1.07; NCX, 2 threads
+# and widened bf16 alike. Only tiles whose accumulators,
 # vector operands and broadcast register (GCC broadcasts into one on avx512 too) fit the
 # register file unroll: 3 x 4 on avx2 (17 registers) spills, 0.75 of its speed unrolled;
 # avx512's 7 x 4 long tile spills one accumulator either way, and runs the same unrolled.
