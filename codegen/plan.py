@@ -191,6 +191,8 @@ LAST_TILE_EXTRA_ROWS = 2
 # A run of exactly one pixel more than a tile's height is one tile where the accumulators
 # fit in this many of 32 registers (one may spill: cheaper than a second, short tile).
 # Zen 4 avx512, 3x3 512 channels on 7x7 outputs: 88.9 -> 97.2 GFLOP/s (7x4 tiles, not 4 + 3).
+# Only such a run: runs of 14-56 pixels in spilled 7x4 tiles were 1.02-1.12x slower than in
+# 6-row tiles (Sapphire Rapids, 3x3 data on 28 and 56 columns, strided 1x1 on 14 and 28).
 # Not on aarch64: there the 7x4 tile spilled in its inner loop (NEON and 256-bit SVE).
 LONG_TILE_ACCUMULATORS = {"avx512bf16": 28, "avx512": 28}
 WEIGHT_CHUNK_BYTES = 512 * 1024  # half of a 1 MB L2 (Zen 4, Sapphire Rapids: 2 MB)

@@ -395,6 +395,27 @@ def test_tile_loops_unroll_where_registers_allow():
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("width", [7, 14, 21])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_long_tile_only_for_runs_of_its_height(isa, width, dtype, monkeypatch):
+    """A run one pixel longer than a tile is one long tile (avx512: 7 columns x 4
+    vectors); longer runs, its multiples too, go in near-equal tiles no taller than a
+    tile. Bit for bit with the reference, and on 1 and 2 threads alike."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import direct_tiles
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case("ConvolutionBackwardData", spatial=(3, width), kernel=(3, 3),
+                     in_channels=70, out_channels=24, batch=2, dtype=dtype, seed=11,
+                     attrs=dict(pads_begin=1, pads_end=1))
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     dtype).config.with_isa(isa)
+    if isa.startswith("avx512"):
+        assert direct_tiles(config)["long_tile"] == 7
+    np.testing.assert_array_equal(run_case(case, num_threads=2), run_case(case, num_threads=1))
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvolutionBackpropData",
                                 "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("spatial,groups,channels", [((12, 13), 1, (70, 37)),
