@@ -394,6 +394,34 @@ def test_tile_loops_unroll_where_registers_allow():
     assert (3, 4) not in direct_tiles(wide)["unrolled_tiles"]
 
 
+def test_channels_first_pointwise_passes_by_rule():
+    """Channels-first 1x1 tiles whose pixel block of every reduced channel takes more
+    than NCX_L1_INPUT_BYTES reduce in passes of whole partial-sum chains; the one pass
+    stays a candidate."""
+    from convgrad.codegen.plan import (
+        NCX_L1_INPUT_BYTES,
+        candidates,
+        partial_steps,
+        pointwise_ncx_tiles,
+    )
+
+    def config(reduced, isa="avx512"):
+        return KernelConfig("bwd_data", (1, 1), (1, 1), (1, 1), 1, 64, reduced, "NCX",
+                            "XIO", "f32", isa)
+
+    for reduced, isa in ((256, "avx512"), (512, "avx512"), (300, "avx512"), (512, "avx2")):
+        ncx = pointwise_ncx_tiles(config(reduced, isa))
+        chunk = ncx["ncx_reduce_chunk"]
+        assert chunk < reduced and chunk % partial_steps(config(reduced, isa)) == 0
+        assert chunk * ncx["ncx_vecs"] * (16 if isa == "avx512" else 8) * 4 <= NCX_L1_INPUT_BYTES
+        assert {"ncx_pass_kb": 0} in candidates(config(reduced, isa))
+        assert pointwise_ncx_tiles(config(reduced, isa),
+                                   {"ncx_pass_kb": 0})["ncx_reduce_chunk"] == reduced
+    for reduced, isa in ((128, "avx512"), (256, "avx2")):
+        assert pointwise_ncx_tiles(config(reduced, isa))["ncx_reduce_chunk"] == reduced
+        assert all("ncx_pass_kb" not in plan for plan in candidates(config(reduced, isa)))
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("width", [7, 14, 21])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
@@ -421,11 +449,13 @@ def test_long_tile_only_for_runs_of_its_height(isa, width, dtype, monkeypatch):
 @pytest.mark.parametrize("spatial,groups,channels", [((12, 13), 1, (70, 37)),
                                                      ((16, 16), 2, (26, 40)),
                                                      ((300,), 1, (9, 130)),
-                                                     ((4, 5, 9), 3, (12, 21))])
+                                                     ((4, 5, 9), 3, (12, 21)),
+                                                     ((11, 14), 1, (20, 300))])
 def test_channels_first_pointwise_in_place(isa, op, spatial, groups, channels, monkeypatch):
     """1x1 stride-1 NCX f32 data gradients of images with >= 128 pixels read and write
-    the user's buffers in place (pixel tails, channel-block tails, groups, 1-D and 3-D);
-    smaller images and pads take the transposing path."""
+    the user's buffers in place (pixel tails, channel-block tails, groups, 1-D and 3-D,
+    long reductions in passes over a pixel block); smaller images and pads take the
+    transposing path."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import pointwise_ncx_tiles
 
