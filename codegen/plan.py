@@ -846,8 +846,9 @@ def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PL
 # channel; where that block takes more than this, each pass over it takes a multiple of
 # the partial steps (the tiles' own flushes, so the sums and their order are the same)
 # and runs every channel block, so the pass's input stays in L1. Sapphire Rapids avx512,
-# batch 8, pair ratios passes / one, 1 / 2 threads: 256 reduced channels on 56x56 1.11 /
-# 1.17, 512 on 28x28 1.19 / 1.19, 256 on 14x14 1.10 / 1.09; avx2 512 on 28x28 0.99.
+# batch 8, pair ratios passes / one, 1 / 2 threads: 256 reduced channels on 56x56
+# 1.03-1.11 / 1.17 (noisy), 512 on 28x28 1.18-1.19 / 1.19, 256 on 14x14 1.10 / 1.09;
+# avx2 512 on 28x28 0.99.
 NCX_L1_INPUT_BYTES = 32 * 1024
 
 
