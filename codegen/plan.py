@@ -469,8 +469,9 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     return {"tile_rows": rows, "tile_rows_last": rows_last, "vec_block": block,
             "vec_last": last, "tiles": tiles,
             "long_tile": long_tile,
+            # tiles across groups are depthwise.c.j2's, whose loops run over taps
             "step_unroll": plan.get("step_unroll", STEP_UNROLL.get(config.isa, 1)),
-            "unrolled_tiles": unrolled_tiles(config.isa, tiles),
+            "unrolled_tiles": [] if across else unrolled_tiles(config.isa, tiles),
             "reduce_chunk": chunk, "partial_steps": partial_steps(config, plan),
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
             "pointwise": config.pointwise,
@@ -1128,16 +1129,16 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
     if prod(config.kernel) == 1 and not tiles["pointwise"] and tiles["vec_block"] < -(
             -config.vector_channels // VECTOR_LANES[isa]):
         found.append({"row_vb_inner": int(not tiles["row_vb_inner"])})
-    if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:
-        found.append({"ncx_in_place": int(not pointwise_ncx_tiles(config)["pointwise_ncx"])})
     ncx = pointwise_ncx_tiles(config)
+    if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:
+        found.append({"ncx_in_place": int(not ncx["pointwise_ncx"])})
     if ncx["pointwise_ncx"] and ncx["ncx_reduce_chunk"] < _reduced_channels(config):
         found.append({"ncx_pass_kb": 0})
     if prod(config.kernel) == 1 and VECTOR_LANES[isa] == 8:
         found.append({"weight_chunk_kb": L1_WEIGHT_CHUNK_KB})
     found += [{"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 // 4},
               {"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 * 4}]
-    if tiles["unrolled_tiles"] and tiles["step_unroll"] > 1 and not data_across_groups(config):
+    if tiles["unrolled_tiles"] and tiles["step_unroll"] > 1:
         found.append({"step_unroll": 1})
     return found
 

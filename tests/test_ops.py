@@ -400,6 +400,7 @@ def test_channels_first_pointwise_passes_by_rule():
     stays a candidate."""
     from convgrad.codegen.plan import (
         NCX_L1_INPUT_BYTES,
+        VECTOR_LANES,
         candidates,
         partial_steps,
         pointwise_ncx_tiles,
@@ -413,7 +414,7 @@ def test_channels_first_pointwise_passes_by_rule():
         ncx = pointwise_ncx_tiles(config(reduced, isa))
         chunk = ncx["ncx_reduce_chunk"]
         assert chunk < reduced and chunk % partial_steps(config(reduced, isa)) == 0
-        assert chunk * ncx["ncx_vecs"] * (16 if isa == "avx512" else 8) * 4 <= NCX_L1_INPUT_BYTES
+        assert chunk * ncx["ncx_vecs"] * VECTOR_LANES[isa] * 4 <= NCX_L1_INPUT_BYTES
         assert {"ncx_pass_kb": 0} in candidates(config(reduced, isa))
         assert pointwise_ncx_tiles(config(reduced, isa),
                                    {"ncx_pass_kb": 0})["ncx_reduce_chunk"] == reduced
