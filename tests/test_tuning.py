@@ -285,6 +285,9 @@ def test_plans_are_checked():
         check_plan({"tile_width": 3})
     with pytest.raises(ValueError, match="vec_block"):
         check_plan({"vec_block": 0})
+    with pytest.raises(ValueError, match=r"step_unroll = 0 is invalid"):
+        check_plan({"step_unroll": 0})  # 1 is the rolled loop
+    assert check_plan({"ncx_pass_kb": 0}) == {"ncx_pass_kb": 0}  # 0: one pass
     assert check_plan({"packed": True}) == {"packed": 1}
 
 
