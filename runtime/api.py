@@ -134,7 +134,7 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
     shape_input = _shape_input(op, spec.shape_name, inputs[2]) if len(inputs) > 2 else None
     problem, config = _plan(op, a.shape, b.shape, attrs, shape_input, DTYPES[a.dtype])
     if out is None:
-        out = np.empty(problem.output_shape, dtype=a.dtype)
+        out = kernels.empty_output(problem.output_shape, a.dtype)
     else:
         out = _check_out(op, out, problem, a.dtype, (a, b))
     if out.size == 0:  # batch 0 of a data op

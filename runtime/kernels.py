@@ -6,11 +6,12 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import cffi
+import numpy as np
 
 from convgrad import cache
 from convgrad.cache import file_digest
@@ -176,6 +177,22 @@ def _load(config: KernelConfig, plan: dict | None) -> Kernel:
                                     + "; ".join(_refused)) from None
     return Kernel(config, *_bind(kernel_name(config, plan), path),
                   "compiled" if compiled else "cache", path, plan)
+
+
+# Results the runtime allocates start on a 64-byte boundary, as PyTorch's CPU tensors do:
+# vectors stored to them never straddle cache lines, and f32 weight gradients can add
+# their sums in the result itself (plan choice sums_in_output; numpy's own blocks of
+# megabytes start 16 bytes past a page).
+OUTPUT_ALIGN = 64
+
+
+def empty_output(shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an OUTPUT_ALIGN boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    block = np.empty(nbytes + OUTPUT_ALIGN, dtype=np.uint8)
+    start = -block.ctypes.data % OUTPUT_ALIGN
+    return block[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def call(kernel: Kernel, problem, dims, first, second, out, workspace) -> None:

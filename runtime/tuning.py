@@ -265,7 +265,7 @@ def time_candidates(problem: Problem, config: KernelConfig, threads: int,
     the record of the fastest, if `confirm` agrees that it beats the rules' plan."""
     global timings_run
     first, second = (arrays[1], arrays[0]) if problem.swap_inputs else arrays
-    out = np.empty(problem.output_shape, dtype=first.dtype)
+    out = kernels.empty_output(problem.output_shape, first.dtype)
     dims = kernels.dims_of(problem, threads)
     workspace = np.empty(max(max(k.workspace_size(dims) for k in compiled), 1), dtype=np.uint8)
     samples: list[list[float]] = [[] for _ in compiled]

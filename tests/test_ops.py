@@ -794,6 +794,96 @@ def test_weight_gradient_in_pixel_slices(isa, geometry, data_format, dtype, monk
         np.testing.assert_array_equal(run_case(case, num_threads=threads), one)
 
 
+WEIGHTS_AS_SUMS_GEOMETRY = {
+    # whole vectors of channels on every path on both sides (NCX and ConvTranspose kernels
+    # swap them); 1x1 read in place or packed
+    "1x1": dict(spatial=(9, 14), kernel=(1, 1), in_channels=48, out_channels=32, batch=3),
+    # 3x3 with stride, dilation and pads
+    "3x3": dict(spatial=(13, 11), kernel=(3, 3), in_channels=32, out_channels=48, batch=2,
+                attrs=dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 2],
+                           pads_end=[0, 1])),
+}
+
+
+def test_weight_sums_in_the_weights_by_rule():
+    """f32 XIO weight gradients of one group with whole vectors of output channels and one
+    slice add their sums in the user's weights (rows unpadded), and {"sums_in_output": 0}
+    is then a candidate; never other dtypes, OIX, groups, channel tails, several slices,
+    or rows of 2048 floats on 8-lane paths."""
+    from convgrad.codegen.plan import VECTOR_LANES, candidates, weight_tiles
+
+    def config(cout=512, isa="avx512", dtype="f32", wfmt="XIO", groups=1, kernel=(3, 3),
+               cin=256):
+        return KernelConfig("bwd_weights", kernel, (1, 1), (1, 1), groups, cin, cout, "NXC",
+                            wfmt, dtype, isa)
+
+    for isa in ("avx512", "avx2", "neon"):
+        yes = config(isa=isa)
+        tiles = weight_tiles(yes)
+        assert tiles["sums_in_output"] and tiles["sums_row"] == 512 and tiles["max_slices"] == 1
+        assert {"sums_in_output": 0} in candidates(yes)
+        kept = weight_tiles(yes, {"sums_in_output": 0})
+        assert not kept["sums_in_output"] and kept["sums_row"] == 512 + VECTOR_LANES[isa]
+    assert weight_tiles(config(cout=2048))["sums_in_output"]
+    for no in (config(dtype="bf16"), config(dtype="f16"), config(wfmt="OIX"),
+               config(groups=2), config(cout=520), config(cout=2048, isa="avx2"),
+               config(cin=16, cout=64, kernel=(1, 1))):  # 64 KB of sums: slices
+        assert not weight_tiles(no)["sums_in_output"], no
+        assert all("sums_in_output" not in plan for plan in candidates(no))
+    assert weight_tiles(config(cin=16, cout=64, kernel=(1, 1)), {"max_slices": 1})[
+        "sums_in_output"]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geometry", sorted(WEIGHTS_AS_SUMS_GEOMETRY))
+@pytest.mark.parametrize("op,data_format,packed", [
+    ("ConvolutionBackwardWeights", "NXC", 0), ("ConvolutionBackwardWeights", "NXC", 1),
+    ("ConvolutionBackwardWeights", "NCX", 0), ("ConvTransposeBackwardWeights", "NXC", 1)])
+def test_weight_sums_in_the_weights(isa, geometry, op, data_format, packed):
+    """Weight gradients that add their sums in the user's weights where those start on a
+    64-byte boundary, else in workspace: exact both ways on 1 and 2 threads, and the
+    workspace's sums untouched exactly when the weights hold them. (The user's weights
+    format whose kernel writes XIO: NCX and ConvTranspose kernels may swap the roles.)"""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import weight_tiles
+
+    for weights_format in ("XOI", "IOX") if op in TRANSPOSE else ("XIO", "OIX"):
+        case = make_case(op, **WEIGHTS_AS_SUMS_GEOMETRY[geometry], data_format=data_format,
+                         weights_format=weights_format, seed=14)
+        a, b = case.inputs[:2]
+        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "f32")
+        if problem.config.weights_format == "XIO":
+            break
+    config = problem.config.with_isa(isa)
+    plan = {"max_slices": 1, "packed": packed}
+    assert weight_tiles(config, plan)["sums_in_output"]
+    kernel = kernels.get_kernel(config, plan)
+    first, second = (b, a) if problem.swap_inputs else (a, b)
+    nbytes = 4 * int(np.prod(problem.output_shape))
+    for threads in (1, 2):
+        dims = kernels.dims_of(problem, threads)
+        for offset, in_output in ((0, True), (16, False), (4, False)):
+            block = kernels.empty_output((nbytes + 64,), np.uint8)
+            out = block[offset:offset + nbytes].view(np.float32).reshape(problem.output_shape)
+            workspace = kernels.empty_output((kernel.workspace_size(dims),), np.uint8)
+            workspace[:] = 0xA5
+            kernels.call(kernel, problem, dims, first, second, out, workspace)
+            assert_exact(case, out)
+            assert (workspace[:64] == 0xA5).all() == in_output, (offset, threads)
+
+
+def test_results_start_on_64_byte_boundaries():
+    """The arrays execute() allocates for results start on a 64-byte boundary (as
+    PyTorch's do), whatever numpy would give."""
+    for op, spatial in (("ConvolutionBackwardWeights", (40, 50)),
+                        ("ConvolutionBackwardData", (33, 17)), ("ConvolutionBackwardData", (1, 1))):
+        case = make_case(op, spatial=spatial, kernel=(1, 1), in_channels=64, out_channels=32)
+        result = run_case(case)
+        assert result.ctypes.data % 64 == 0 and result.flags.c_contiguous
+        assert_exact(case, result)
+
+
 GROUP_LANES_GEOMETRY = {
     # 2 in x 2 out per group, a partial vector, stride, dilation, asymmetric pads
     "2x2 strided": dict(spatial=(13, 11), kernel=(3, 3), in_channels=6, out_channels=6,
