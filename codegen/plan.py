@@ -32,6 +32,9 @@ PLAN_CHOICES = {
     "step_unroll": "direct and weight-gradient tiles: multiply steps per iteration of "
                    "the reduction loop of the tiles whose registers allow it (1: none)",
     "ncx_in_place": "1x1 NCX f32 data gradients: 1 reads NCX in place, 0 transposes",
+    "ncx_head": "1x1 NCX f32 data gradients read in place: 1 puts a head block of one "
+                "partial vector before the blocks, so that they load whole cache lines "
+                "where every row of the input starts the same floats past one; 0 never",
     "ncx_pass_kb": "1x1 NCX f32 data gradients read in place: KB of a pixel block's input "
                    "per pass over its channel blocks (0: every reduced channel at once)",
     "slide": "depthwise gradients: 1 uses sliding tiles (data) or a sliding window of src "
@@ -847,6 +850,15 @@ NCX_ROWS = {"avx512bf16": 6, "avx512": 6, "avx2": 4, "portable": 4, "neon": 6, "
 NCX_VECS = {"avx512bf16": 4, "avx512": 4, "avx2": 3, "portable": 3, "neon": 4, "sve256": 4}
 NCX_MIN_PIXELS = 128
 NCX_MAX_REDUCED = 512
+# ...which load vectors of the user's input in place: where its rows all start the same
+# floats past a cache line (numpy's arrays of megabytes start 16 bytes past a page), a
+# head block of one partial vector aligns the other blocks' loads, and misaligns the
+# stores of a result on a line instead. Sapphire Rapids, ResNet-50 batch 8, input 16
+# bytes past a line and result on one, pair ratios with / without, 1 / 2 threads, on
+# 28x28 and 56x56: avx512 1.06-1.09 / 1.07-1.09 reducing 128-256 channels (512: 1.00 /
+# 1.08), 1.00 / 1.01-1.05 reducing 64; avx2 1.00-1.07 / 1.03-1.13 reducing 128-512,
+# 0.97-0.98 / 0.99-1.01 reducing 64. So from this many reduced channels:
+NCX_HEAD_MIN_REDUCED = 128
 
 
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -865,6 +877,7 @@ def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PL
                                             for v in range(vecs, 0, -1))),
             "ncx_min_pixels": NCX_MIN_PIXELS,
             "ncx_reduce_chunk": _ncx_reduce_chunk(config, plan, vecs),
+            "ncx_head": bool(plan.get("ncx_head", reduced >= NCX_HEAD_MIN_REDUCED)),
             # channel blocks per chunk: their weights stay in L2; near-equal chunks (171
             # blocks as 57 x 3, not 85 + 85 + 1: threads share the chunks' work evenly)
             "ncx_block_chunk": _near_equal(-(-out_channels // rows),
@@ -1164,6 +1177,8 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found.append({"ncx_in_place": int(not ncx["pointwise_ncx"])})
     if ncx["pointwise_ncx"] and ncx["ncx_reduce_chunk"] < _reduced_channels(config):
         found.append({"ncx_pass_kb": 0})
+    if ncx["pointwise_ncx"]:
+        found.append({"ncx_head": int(not ncx["ncx_head"])})
     if prod(config.kernel) == 1 and VECTOR_LANES[isa] == 8:
         found.append({"weight_chunk_kb": L1_WEIGHT_CHUNK_KB})
     found += [{"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 // 4},

@@ -474,6 +474,48 @@ def test_channels_first_pointwise_in_place(isa, op, spatial, groups, channels, m
     run_case(padded)
 
 
+def _placed(array: np.ndarray, offset: int) -> np.ndarray:
+    """A copy of `array` whose data starts `offset` bytes past a 64-byte boundary."""
+    from convgrad import kernels
+
+    block = kernels.empty_output((array.nbytes + 64,), np.uint8)
+    placed = block[offset:offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    placed[...] = array
+    return placed
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("spatial,channels", [((12, 16), (20, 130)), ((320,), (9, 40)),
+                                              ((12, 13), (20, 130))])  # 156: no head on x86
+def test_channels_first_pointwise_head_block(isa, op, spatial, channels):
+    """Channels-first 1x1 data gradients read in place put a head block of one partial
+    vector first where every input row starts the same floats past a cache line (by rule
+    from 128 reduced channels, forced here both ways; rows of a whole number of vectors
+    only): exact with the inputs and the result at any float offset, on 1 and 2 threads."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import NCX_HEAD_MIN_REDUCED, pointwise_ncx_tiles
+
+    case = make_case(op, spatial=spatial, kernel=(1,) * len(spatial), in_channels=channels[0],
+                     out_channels=channels[1], batch=2, data_format="NCX", seed=15)
+    a, b = case.inputs[:2]
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "f32")
+    config = problem.config.with_isa(isa)
+    assert pointwise_ncx_tiles(config)["ncx_head"] == (channels[1] >= NCX_HEAD_MIN_REDUCED)
+    for plan in ({"ncx_head": 1}, {"ncx_head": 0}):
+        kernel = kernels.get_kernel(config, plan)
+        for threads in (1, 2):
+            dims = kernels.dims_of(problem, threads)
+            workspace = np.empty(kernel.workspace_size(dims), dtype=np.uint8)
+            for in_at, out_at in ((0, 0), (16, 0), (4, 0), (60, 0), (36, 36), (8, 24)):
+                x, y = _placed(a, in_at), _placed(b, in_at)
+                first, second = (y, x) if problem.swap_inputs else (x, y)
+                out = _placed(np.zeros(problem.output_shape, np.float32), out_at)
+                kernels.call(kernel, problem, dims, first, second, out, workspace)
+                assert_exact(case, out)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("channels,dilation,width", [(40, 1, 37), (24, 2, 30), (19, 1, 12)])
