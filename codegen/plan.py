@@ -1175,9 +1175,9 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
     ncx = pointwise_ncx_tiles(config)
     if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:
         found.append({"ncx_in_place": int(not ncx["pointwise_ncx"])})
-    if ncx["pointwise_ncx"] and ncx["ncx_reduce_chunk"] < _reduced_channels(config):
-        found.append({"ncx_pass_kb": 0})
     if ncx["pointwise_ncx"]:
+        if ncx["ncx_reduce_chunk"] < _reduced_channels(config):
+            found.append({"ncx_pass_kb": 0})
         found.append({"ncx_head": int(not ncx["ncx_head"])})
     if prod(config.kernel) == 1 and VECTOR_LANES[isa] == 8:
         found.append({"weight_chunk_kb": L1_WEIGHT_CHUNK_KB})
