@@ -41,7 +41,9 @@ def _data_array(op: str, name: str, value) -> np.ndarray:
     if value.dtype not in DTYPES:
         raise TypeError(f"{op}: {name} has dtype {value.dtype}; expected float32, float16 "
                         "or bfloat16 (ml_dtypes)")
-    return np.ascontiguousarray(value)
+    # C-contiguous and aligned to its element size (a view at an odd byte offset is
+    # copied): the kernels read elements as C types
+    return np.require(value, requirements=["C_CONTIGUOUS", "ALIGNED"])
 
 
 def _shape_input(op: str, name: str, value):
@@ -62,6 +64,9 @@ def _check_out(op: str, out, problem: Problem, dtype: np.dtype, inputs) -> np.nd
         raise ValueError(f"{op}: out has shape {out.shape}; expected {problem.output_shape}")
     if not out.flags.c_contiguous or not out.flags.writeable:
         raise ValueError(f"{op}: out must be a writeable C-contiguous array")
+    if not out.flags.aligned:
+        raise ValueError(f"{op}: out must start on a multiple of its element size "
+                         f"({out.dtype.itemsize} bytes); got address {out.ctypes.data:#x}")
     if any(np.may_share_memory(out, x) for x in inputs):
         raise ValueError(f"{op}: out overlaps an input array")
     return out

@@ -516,6 +516,38 @@ def test_out_not_c_contiguous(op, layout):
     _expect_out(case, out, ValueError, "C-contiguous")
 
 
+def _misaligned(shape, dtype=np.float32) -> np.ndarray:
+    """A C-contiguous array starting one byte past an element boundary."""
+    itemsize = np.dtype(dtype).itemsize
+    block = np.zeros(math.prod(shape) * itemsize + itemsize, np.uint8)
+    start = (-block.ctypes.data) % itemsize + 1
+    array = block[start:start + math.prod(shape) * itemsize].view(dtype).reshape(shape)
+    assert not array.flags.aligned and array.flags.c_contiguous
+    return array
+
+
+@pytest.mark.parametrize("op", OP_KINDS)
+def test_out_misaligned(op):
+    """An out array at an odd byte offset (a view of a byte buffer) is refused: the
+    kernels write its elements as C floats."""
+    case, shape = _out_case(op)
+    _expect_out(case, _misaligned(shape), ValueError, "multiple of its element size")
+
+
+@pytest.mark.parametrize("op", OP_KINDS)
+def test_misaligned_inputs_are_read_exactly(op):
+    """Inputs at an odd byte offset are copied to aligned memory first: exact results."""
+    case = base(op)
+    expected = convgrad.execute(case.op, case.inputs, case.attrs)
+    for index in (0, 1):
+        x = case.inputs[index]
+        case.inputs[index] = _misaligned(x.shape, x.dtype)
+        case.inputs[index][...] = x
+        assert api._data_array(op, "x", case.inputs[index]).flags.aligned
+        np.testing.assert_array_equal(convgrad.execute(case.op, case.inputs, case.attrs),
+                                      expected)
+
+
 @pytest.mark.parametrize("op", OP_KINDS)
 def test_out_read_only(op):
     case, shape = _out_case(op)
