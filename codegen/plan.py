@@ -54,6 +54,8 @@ PLAN_CHOICES = {
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
                 "f32 and runs the f32 tiles",
+    "amx": "1x1 bf16 NXC data gradients on avx512bf16: 1 multiplies with AMX tiles where "
+           "the CPU has them (the kernel checks), 0 never",
 }
 EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
 MAX_CANDIDATES = 8
@@ -861,6 +863,25 @@ NCX_MAX_REDUCED = 512
 NCX_HEAD_MIN_REDUCED = 128
 
 
+def pointwise_amx(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+    """Whether a data gradient (fwd, bwd_data) carries the AMX path (pointwise_amx.h.j2):
+    bf16, channels last, 1x1 (with stride 1, or any stride for bwd_data: the result's
+    pixels between are zero), one group, reduced channels in whole multiplies of 32 and
+    output channels in whole blocks of 32. The kernel takes it on a CPU with AMX-BF16
+    (which it checks at run time), else runs its other tiles."""
+    eligible = (config.dtype == "bf16" and config.isa == "avx512bf16"
+                and config.data_format == "NXC" and config.groups == 1
+                and (config.pointwise or config.family == "bwd_data" and all(
+                    k == 1 for k in config.kernel))
+                and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0)
+    if not (eligible and plan.get("amx", 1)):
+        return {"amx": False}
+    # a pair of reduced channels is one 32-bit word of the user's weights when the
+    # reduced channels are the contiguous axis (bwd_data XIO: [i][o], fwd OIX: [o][i])
+    return {"amx": True, "amx_pairs_contiguous": (config.family == "bwd_data")
+            == (config.weights_format == "XIO")}
+
+
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The channels-first pointwise plan of a data gradient (fwd, bwd_data), or none."""
     reduced = _reduced_channels(config)
@@ -997,7 +1018,8 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                 "reduced_per_group": _reduced_channels(config) if grouped else 1,
                 "spread_input": True,
                 "spread_whole_bytes": plan.get("spread_whole_mb", SPREAD_WHOLE_BYTES >> 20) << 20,
-                "round_in_tiles": False, "pointwise_ncx": False, "overlap_runs": False,
+                "round_in_tiles": False, "pointwise_ncx": False, "amx": False,
+                "overlap_runs": False,
                 **direct_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
@@ -1005,7 +1027,8 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
             "overlap_runs": overlap_runs(config, plan),
             "image_block_bytes": image_block_bytes(config, plan),
-            "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx}
+            "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx,
+            **pointwise_amx(config, plan)}
 
 
 # Compile time of a direct kernel's code besides its tiles, and of each tile on top of
@@ -1108,14 +1131,18 @@ def render_context(config: KernelConfig, generator_version: str,
 def _variations(config: KernelConfig, vendor: str = "") -> list[dict[str, int]]:
     """Plans that change one or two of the rules' choices for this configuration; for
     bf16 pairs also the widened path's (those of the avx512 path's kernel, which widens
-    alike), first where the vendor's rules widen."""
+    alike), first where the vendor's rules widen, and the kernels without AMX."""
     if not uses_bf16_dot(config):
         return _one_path_variations(config)
     pairs = _one_path_variations(config)
     widened = [{"bf16_dot": 0, **plan}
                for plan in _one_path_variations(replace(config, isa="avx512"))]
-    return [{"bf16_dot": 0},
-            *(widened + pairs if vendor in WIDEN_BF16_VENDORS else pairs + widened)]
+    # without AMX, where the kernel carries it (the other plans differ only where the
+    # CPU lacks it)
+    amx = [{"amx": 0}, {"bf16_dot": 0, "amx": 0}] if pointwise_amx(config)["amx"] else []
+    if vendor in WIDEN_BF16_VENDORS:
+        return [{"bf16_dot": 0}, *amx[::-1], *widened, *pairs]
+    return [{"bf16_dot": 0}, *amx, *pairs, *widened]
 
 
 def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:

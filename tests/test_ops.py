@@ -516,6 +516,112 @@ def test_channels_first_pointwise_head_block(isa, op, spatial, channels):
                 assert_exact(case, out)
 
 
+AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "OIX"),
+               ("ConvTransposeBackwardData", "IOX"), ("ConvTransposeBackwardData", "XOI")]
+
+
+def test_pointwise_amx_by_rule():
+    """The AMX path is carried by bf16 channels-last 1x1 stride-1 data gradients of one
+    group with reduced and output channels in multiples of 32, on the avx512bf16 path."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import candidates, pointwise_amx
+
+    def config(op="ConvolutionBackwardData", channels=(64, 96), dtype="bf16", fmt="NXC",
+               kernel=(1, 1), groups=1, strides=(1, 1), isa="avx512bf16"):
+        case = make_case(op, spatial=(4, 6), kernel=kernel, in_channels=channels[0],
+                         out_channels=channels[1], groups=groups, data_format=fmt,
+                         dtype=dtype, attrs=dict(strides=list(strides)))
+        a, b = case.inputs[:2]
+        return resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype).config.with_isa(isa)
+
+    assert pointwise_amx(config(strides=(2, 2)))["amx"]  # diff_src's other pixels zero
+    assert not pointwise_amx(config("ConvTransposeBackwardData", strides=(2, 2)))["amx"]
+    for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):
+        assert pointwise_amx(config(op))["amx"]
+        assert {"bf16_dot": 0, "amx": 0} in candidates(config(op), "GenuineIntel")
+        assert {"amx": 0} in candidates(config(op), "AuthenticAMD")
+        assert not pointwise_amx(config(op), {"amx": 0})["amx"]
+    for other in (dict(dtype="f32"), dict(dtype="f16"), dict(fmt="NCX"), dict(isa="avx512"),
+                  dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2),
+                  dict(kernel=(3, 3))):
+        assert not pointwise_amx(config(**other))["amx"], other
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+@pytest.mark.parametrize("op,weights_format,strides", [
+    *((op, layout, (1, 1)) for op, layout in AMX_WEIGHTS),
+    ("ConvolutionBackwardData", "XIO", (2, 2)), ("ConvolutionBackwardData", "OIX", (1, 3))])
+@pytest.mark.parametrize("channels", [(64, 96), (32, 32)])
+def test_pointwise_amx(isa, op, weights_format, strides, channels):
+    """bf16 channels-last 1x1 data gradients on AMX tiles, where the CPU has them (else
+    the kernel's other tiles): exact for 1 to 70 pixels (blocks of 32 and a zero-padded
+    last block), both weight layouts, strided backward data (the result's other pixels
+    zero, on a result first filled with garbage), inputs and results at odd offsets, 1
+    and 2 threads. On a CPU with AMX the workspace is the AMX path's (packed weights and
+    one block of input rows), so a silent fallback fails; elsewhere it is the other
+    tiles'."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    has_amx = {"amx_bf16", "amx_tile"} <= convgrad.cpu.cpu_features()
+    for spatial, batch in (((1, 1), 1), ((3, 3), 2), ((4, 8), 1), ((5, 7), 2), ((8, 9), 1)):
+        case = make_case(op, spatial=spatial, kernel=(1, 1), in_channels=channels[0],
+                         out_channels=channels[1], batch=batch, data_format="NXC",
+                         weights_format=weights_format, dtype="bf16", seed=21,
+                         attrs=dict(strides=list(strides)))
+        a, b = case.inputs[:2]
+        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+        config = problem.config.with_isa(isa)
+        reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
+        amx_bytes = reduced * config.vector_channels * 2 + 32 * reduced * 2
+        for plan in ({}, {"bf16_dot": 0}):
+            kernel = kernels.get_kernel(config, plan)
+            other = kernels.get_kernel(config, {**plan, "amx": 0})
+            for threads in (1, 2):
+                dims = kernels.dims_of(problem, threads)
+                size = kernel.workspace_size(dims)
+                assert size == (amx_bytes + 64 if has_amx else other.workspace_size(dims))
+                workspace = np.empty(size, dtype=np.uint8)
+                for in_at, out_at in ((0, 0), (2, 6), (34, 62)):
+                    x, y = _placed(a, in_at), _placed(b, in_at)
+                    first, second = (y, x) if problem.swap_inputs else (x, y)
+                    out = _placed(np.full(problem.output_shape, 7, a.dtype), out_at)
+                    kernels.call(kernel, problem, dims, first, second, out, workspace)
+                    assert_exact(case, out)
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+def test_pointwise_amx_flushes_denormals(isa):
+    """AMX reads bf16 denormals as zero and flushes denormal f32 sums, as vdpbf16ps does
+    (README): on a CPU with AMX, 1.5 x 2^-126 - 1.25 x 2^-126 gives 0, and a denormal
+    input multiplies as 0; the plan without AMX keeps the denormal 2^-128 and the input."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    tiny, bf16 = 2.0 ** -126, DTYPES["bf16"]
+    diff_dst = np.zeros((1, 5, 1, 32), np.float32)
+    diff_dst[0, :2, 0, 0], diff_dst[0, :2, 0, 2] = 1.5 * tiny, -1.25 * tiny
+    diff_dst[0, 2:, 0, 0] = 0.5 * tiny  # a bf16 denormal
+    weights = np.zeros((1, 1, 32, 32), np.float32)  # XIO
+    weights[..., 0] = weights[..., 2] = 1.0
+    first, second = diff_dst.astype(bf16), weights.astype(bf16)
+    problem = resolve("ConvolutionBackwardData", [first.shape, second.shape],
+                      dict(data_format="NXC", weights_format="XIO"), [5, 1], "bf16")
+    config = problem.config.with_isa(isa)
+    dims = kernels.dims_of(problem, 1)
+    has_amx = {"amx_bf16", "amx_tile"} <= convgrad.cpu.cpu_features()
+    for plan, flushed in (({}, has_amx), ({"amx": 0, "bf16_dot": 0}, False)):
+        kernel = kernels.get_kernel(config, plan)
+        out = np.empty(problem.output_shape, bf16)
+        workspace = np.empty(kernel.workspace_size(dims), np.uint8)
+        kernels.call(kernel, problem, dims, first, second, out, workspace)
+        expected = np.zeros(problem.output_shape, np.float32)
+        if not flushed:
+            expected[0, :2, 0, :] = 0.25 * tiny
+            expected[0, 2:, 0, :] = 0.5 * tiny
+        np.testing.assert_array_equal(out.astype(np.float32), expected)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("channels,dilation,width", [(40, 1, 37), (24, 2, 30), (19, 1, 12)])
