@@ -54,8 +54,8 @@ PLAN_CHOICES = {
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
                 "f32 and runs the f32 tiles",
-    "amx": "1x1 bf16 NXC data gradients on avx512bf16: 1 multiplies with AMX tiles where "
-           "the CPU has them (the kernel checks), 0 never",
+    "amx": "bf16 NXC data gradients on avx512bf16 (1x1, or stride 1): 1 multiplies with "
+           "AMX tiles where the CPU has them (the kernel checks), 0 never",
 }
 EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
 MAX_CANDIDATES = 8
@@ -863,23 +863,41 @@ NCX_MAX_REDUCED = 512
 NCX_HEAD_MIN_REDUCED = 128
 
 
-def pointwise_amx(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
-    """Whether a data gradient (fwd, bwd_data) carries the AMX path (pointwise_amx.h.j2):
-    bf16, channels last, 1x1 (with stride 1, or any stride for bwd_data: the result's
-    pixels between are zero), one group, reduced channels in whole multiplies of 32 and
-    output channels in whole blocks of 32. The kernel takes it on a CPU with AMX-BF16
-    (which it checks at run time), else runs its other tiles."""
+# Outputs per band of the AMX path's KxK data gradients (amx_rows.h.j2): whole rows of
+# the input width plus the kernel's extent, about this many, copied per thread with their
+# rows above and below (56x56x64 bf16: 18 rows, 150 KB), so that the last block's
+# overrun past a band is small.
+AMX_BAND_PIXELS = 1024
+
+
+def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+    """Whether a data gradient (fwd, bwd_data) carries the AMX path (amx.h.j2): bf16,
+    channels last, one group, reduced channels in whole multiplies of 32 and output
+    channels in whole blocks of 32; 1x1 (with stride 1, or any stride for bwd_data: the
+    result's pixels between are zero) or, with stride 1, any taps but in depth. The kernel
+    takes it on a CPU with AMX-BF16 (which it checks at run time), else runs its other
+    tiles."""
+    pointwise = config.pointwise or (config.family == "bwd_data"
+                                     and all(k == 1 for k in config.kernel))
+    rows = all(s == 1 for s in config.strides) and (config.rank < 3 or config.kernel[0] == 1)
     eligible = (config.dtype == "bf16" and config.isa == "avx512bf16"
                 and config.data_format == "NXC" and config.groups == 1
-                and (config.pointwise or config.family == "bwd_data" and all(
-                    k == 1 for k in config.kernel))
-                and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0)
+                and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0
+                and (pointwise or rows))
     if not (eligible and plan.get("amx", 1)):
         return {"amx": False}
-    # a pair of reduced channels is one 32-bit word of the user's weights when the
-    # reduced channels are the contiguous axis (bwd_data XIO: [i][o], fwd OIX: [o][i])
-    return {"amx": True, "amx_pairs_contiguous": (config.family == "bwd_data")
-            == (config.weights_format == "XIO")}
+    # how the weights repack: a pair of reduced channels is one 32-bit word of the user's
+    # weights where the reduced channels are their contiguous axis (bwd_data XIO: [i][o],
+    # fwd OIX 1x1: [o][i]); the output channels are, in the other two 1x1 cases and fwd
+    # XIO; OIX with several taps has neither
+    one_tap = prod(config.kernel) == 1
+    if (config.family == "bwd_data") == (config.weights_format == "XIO") and (
+            one_tap or config.weights_format == "XIO"):
+        pack = "pairs"
+    else:
+        pack = "rows" if one_tap or config.weights_format == "XIO" else "values"
+    return {"amx": True, "amx_pointwise": pointwise, "amx_pack": pack,
+            "amx_band_pixels": AMX_BAND_PIXELS}
 
 
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -1028,7 +1046,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
             "overlap_runs": overlap_runs(config, plan),
             "image_block_bytes": image_block_bytes(config, plan),
             "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx,
-            **pointwise_amx(config, plan)}
+            **amx_tiles(config, plan)}
 
 
 # Compile time of a direct kernel's code besides its tiles, and of each tile on top of
@@ -1139,7 +1157,7 @@ def _variations(config: KernelConfig, vendor: str = "") -> list[dict[str, int]]:
                for plan in _one_path_variations(replace(config, isa="avx512"))]
     # without AMX, where the kernel carries it (the other plans differ only where the
     # CPU lacks it)
-    amx = [{"amx": 0}, {"bf16_dot": 0, "amx": 0}] if pointwise_amx(config)["amx"] else []
+    amx = [{"amx": 0}, {"bf16_dot": 0, "amx": 0}] if amx_tiles(config)["amx"] else []
     if vendor in WIDEN_BF16_VENDORS:
         return [{"bf16_dot": 0}, *amx[::-1], *widened, *pairs]
     return [{"bf16_dot": 0}, *amx, *pairs, *widened]

@@ -520,31 +520,35 @@ AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "
                ("ConvTransposeBackwardData", "IOX"), ("ConvTransposeBackwardData", "XOI")]
 
 
-def test_pointwise_amx_by_rule():
-    """The AMX path is carried by bf16 channels-last 1x1 stride-1 data gradients of one
-    group with reduced and output channels in multiples of 32, on the avx512bf16 path."""
+def test_amx_tiles_by_rule():
+    """The AMX path is carried by bf16 channels-last data gradients of one group with
+    reduced and output channels in multiples of 32, on the avx512bf16 path: 1x1 with stride
+    1 (any stride for backward data), and stride 1 with taps in two dimensions at most."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import candidates, pointwise_amx
+    from convgrad.codegen.plan import amx_tiles, candidates
 
     def config(op="ConvolutionBackwardData", channels=(64, 96), dtype="bf16", fmt="NXC",
-               kernel=(1, 1), groups=1, strides=(1, 1), isa="avx512bf16"):
-        case = make_case(op, spatial=(4, 6), kernel=kernel, in_channels=channels[0],
+               kernel=(1, 1), groups=1, strides=None, isa="avx512bf16", spatial=(4, 6)):
+        case = make_case(op, spatial=spatial, kernel=kernel, in_channels=channels[0],
                          out_channels=channels[1], groups=groups, data_format=fmt,
-                         dtype=dtype, attrs=dict(strides=list(strides)))
+                         dtype=dtype, attrs=dict(strides=list(strides or [1] * len(kernel))))
         a, b = case.inputs[:2]
         return resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype).config.with_isa(isa)
 
-    assert pointwise_amx(config(strides=(2, 2)))["amx"]  # diff_src's other pixels zero
-    assert not pointwise_amx(config("ConvTransposeBackwardData", strides=(2, 2)))["amx"]
+    assert amx_tiles(config(strides=(2, 2)))["amx_pointwise"]  # the others pixels zero
+    assert not amx_tiles(config("ConvTransposeBackwardData", strides=(2, 2)))["amx"]
     for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):
-        assert pointwise_amx(config(op))["amx"]
+        assert amx_tiles(config(op))["amx_pointwise"]
+        for kernel, spatial in (((3, 3), (4, 6)), ((3,), (5,)), ((1, 2, 3), (2, 3, 4))):
+            rows = amx_tiles(config(op, kernel=kernel, spatial=spatial))
+            assert rows["amx"] and not rows["amx_pointwise"]
         assert {"bf16_dot": 0, "amx": 0} in candidates(config(op), "GenuineIntel")
         assert {"amx": 0} in candidates(config(op), "AuthenticAMD")
-        assert not pointwise_amx(config(op), {"amx": 0})["amx"]
+        assert not amx_tiles(config(op), {"amx": 0})["amx"]
     for other in (dict(dtype="f32"), dict(dtype="f16"), dict(fmt="NCX"), dict(isa="avx512"),
                   dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2),
-                  dict(kernel=(3, 3))):
-        assert not pointwise_amx(config(**other))["amx"], other
+                  dict(kernel=(3, 3), strides=(2, 1)), dict(kernel=(2, 1, 1), spatial=(3, 4, 5))):
+        assert not amx_tiles(config(**other))["amx"], other
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
@@ -552,7 +556,7 @@ def test_pointwise_amx_by_rule():
     *((op, layout, (1, 1)) for op, layout in AMX_WEIGHTS),
     ("ConvolutionBackwardData", "XIO", (2, 2)), ("ConvolutionBackwardData", "OIX", (1, 3))])
 @pytest.mark.parametrize("channels", [(64, 96), (32, 32)])
-def test_pointwise_amx(isa, op, weights_format, strides, channels):
+def test_amx_tiles_pointwise(isa, op, weights_format, strides, channels):
     """bf16 channels-last 1x1 data gradients on AMX tiles, where the CPU has them (else
     the kernel's other tiles): exact for 1 to 70 pixels (blocks of 32 and a zero-padded
     last block), both weight layouts, strided backward data (the result's other pixels
@@ -590,8 +594,61 @@ def test_pointwise_amx(isa, op, weights_format, strides, channels):
                     assert_exact(case, out)
 
 
+AMX_ROWS_GEOMETRY = {  # stride 1 with taps: pads within and past the kernel's extent
+    "3x3": dict(spatial=(5, 7), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1)),
+    "3x3 unpadded": dict(spatial=(5, 7), kernel=(3, 3)),
+    "dilated": dict(spatial=(6, 9), kernel=(1, 3),
+                    attrs=dict(dilations=[1, 2], pads_begin=[0, 2], pads_end=[0, 1])),
+    "uneven pads": dict(spatial=(4, 5), kernel=(2, 2), attrs=dict(pads_begin=[1, 0],
+                                                                  pads_end=[0, 1])),
+    "wide pads": dict(spatial=(4, 4), kernel=(3, 3), attrs=dict(pads_begin=[2, 2],
+                                                                pads_end=[0, 1])),
+    "pad past extent": dict(spatial=(4, 4), kernel=(3, 3), attrs=dict(pads_begin=[3, 0],
+                                                                      pads_end=[1, 0])),
+    "1d": dict(spatial=(11,), kernel=(3,), attrs=dict(pads_begin=1, pads_end=2)),
+    "3d": dict(spatial=(3, 4, 5), kernel=(1, 3, 3), attrs=dict(pads_begin=[0, 1, 1],
+                                                                  pads_end=[0, 1, 1])),
+    "tall": dict(spatial=(40, 3), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1)),
+}
+
+
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-def test_pointwise_amx_flushes_denormals(isa):
+@pytest.mark.parametrize("op,weights_format", AMX_WEIGHTS)
+@pytest.mark.parametrize("geometry", sorted(AMX_ROWS_GEOMETRY))
+def test_amx_tiles_rows(isa, op, weights_format, geometry):
+    """bf16 channels-last data gradients with stride 1 and taps on AMX tiles, where the
+    CPU has them: bands of rows copied with zero borders (several bands: "tall"), the
+    outputs past the width dropped, both weight layouts (OIX value by value), 1 and 2
+    threads, a result first filled with garbage. Backward data with a pad past the
+    kernel's extent takes the other tiles; on a CPU with AMX every other call takes the
+    AMX path (its workspace differs from the other tiles')."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    has_amx = {"amx_bf16", "amx_tile"} <= convgrad.cpu.cpu_features()
+    for batch in (1, 3):
+        case = make_case(op, **AMX_ROWS_GEOMETRY[geometry], in_channels=64, out_channels=32,
+                         batch=batch, data_format="NXC", weights_format=weights_format,
+                         dtype="bf16", seed=22)
+        a, b = case.inputs[:2]
+        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+        config = problem.config.with_isa(isa)
+        kernel = kernels.get_kernel(config, {"bf16_dot": 0})
+        other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
+        for threads in (1, 2):
+            dims = kernels.dims_of(problem, threads)
+            size, other_size = kernel.workspace_size(dims), other.workspace_size(dims)
+            assert (size != other_size) == (has_amx and not (
+                geometry == "pad past extent" and op == "ConvolutionBackwardData"))
+            workspace = np.empty(size, dtype=np.uint8)
+            first, second = (b, a) if problem.swap_inputs else (a, b)
+            out = np.full(problem.output_shape, 7, a.dtype)
+            kernels.call(kernel, problem, dims, first, second, out, workspace)
+            assert_exact(case, out)
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+def test_amx_tiles_flushes_denormals(isa):
     """AMX reads bf16 denormals as zero and flushes denormal f32 sums, as vdpbf16ps does
     (README): on a CPU with AMX, 1.5 x 2^-126 - 1.25 x 2^-126 gives 0, and a denormal
     input multiplies as 0; the plan without AMX keeps the denormal 2^-128 and the input."""
