@@ -259,6 +259,7 @@ def machine_info(peak: float) -> dict:
         "cpu_isas": list(available_isas()),
         "isa": selected_isa(),
         "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+        "convgrad_amx": os.environ.get("CONVGRAD_AMX", "default"),
         "peak_f32_gflops_per_core": round(peak, 2),
         "torch": torch.__version__,
         "torch_mkldnn": bool(torch.backends.mkldnn.is_available()),
@@ -752,9 +753,11 @@ ONEDNN_ISA = {"avx512bf16": ("AVX512_CORE_BF16", "AVX512_E2"), "avx512": ("AVX51
 
 def limit_isa(isa: str) -> dict[str, str]:
     """The environment that puts convgrad and PyTorch on the same ISA path. oneDNN
-    reads ONEDNN_MAX_CPU_ISA at its first primitive, so this is set before any call."""
+    reads ONEDNN_MAX_CPU_ISA at its first primitive, so this is set before any call.
+    Every path it names is below AMX, so convgrad's kernels leave AMX too (CONVGRAD_AMX)."""
     onednn, mkl = ONEDNN_ISA[isa]
-    return {"CONVGRAD_ISA": isa, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl}
+    return {"CONVGRAD_ISA": isa, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl,
+            "CONVGRAD_AMX": "0"}
 
 
 def main(argv: list[str] | None = None) -> int:

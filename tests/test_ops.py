@@ -647,6 +647,48 @@ def test_amx_tiles_rows(isa, op, weights_format, geometry):
             assert_exact(case, out)
 
 
+AMX_OFF_CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+import numpy as np
+from cases import make_case
+from test_ops import assert_exact
+from convgrad import kernels
+from convgrad.codegen.ops import resolve
+case = make_case("ConvolutionBackwardData", spatial=(5, 7), kernel=(1, 1), in_channels=64,
+                 out_channels=32, batch=2, dtype="bf16", seed=23)
+a, b = case.inputs[:2]
+problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+config = problem.config.with_isa("avx512bf16")
+kernel = kernels.get_kernel(config, {{}})
+dims = kernels.dims_of(problem, 2)
+size = kernel.workspace_size(dims)
+assert size == kernels.get_kernel(config, {{"amx": 0}}).workspace_size(dims), size
+out = np.empty(problem.output_shape, a.dtype)
+first, second = (b, a) if problem.swap_inputs else (a, b)
+kernels.call(kernel, problem, dims, first, second, out, np.empty(size, np.uint8))
+assert_exact(case, out)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+def test_amx_off_by_environment(isa):
+    """CONVGRAD_AMX=0 keeps kernels that carry AMX on their other tiles (the benchmark
+    sets it where it limits oneDNN below AMX): in a child process, the workspace is the
+    other tiles' and the result exact."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = AMX_OFF_CHILD.format(tests=str(Path(__file__).parent))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            env={**os.environ, "CONVGRAD_AMX": "0"}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "ok"
+
+
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
 def test_amx_tiles_flushes_denormals(isa):
     """AMX reads bf16 denormals as zero and flushes denormal f32 sums, as vdpbf16ps does
