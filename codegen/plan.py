@@ -54,7 +54,7 @@ PLAN_CHOICES = {
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
                 "f32 and runs the f32 tiles",
-    "amx": "bf16 NXC data gradients on avx512bf16 (1x1, or stride 1): 1 multiplies with "
+    "amx": "bf16 NXC gradients on avx512bf16 (stride 1, or data 1x1): 1 multiplies with "
            "AMX tiles where the CPU has them (the kernel checks), 0 never",
 }
 EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
@@ -870,22 +870,33 @@ NCX_HEAD_MIN_REDUCED = 128
 AMX_BAND_PIXELS = 1024
 
 
+# Bytes of the AMX weight gradients' copies per band (amx_weights.h.j2): src channels
+# first and diff_dst pairs, (CIN + COUT) x 2 bytes a pixel, about this much (in L2 while
+# every block runs over them), and at least AMX_WEIGHT_MIN_BAND pixels, so that a block's
+# sums go in and out of its tiles once per 8 multiplies or fewer.
+AMX_WEIGHT_BAND_BYTES = 1 << 20
+AMX_WEIGHT_MIN_BAND = 256
+
+
 def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
-    """Whether a data gradient (fwd, bwd_data) carries the AMX path (amx.h.j2): bf16,
-    channels last, one group, reduced channels in whole multiplies of 32 and output
-    channels in whole blocks of 32; 1x1 (with stride 1, or any stride for bwd_data: the
-    result's pixels between are zero) or, with stride 1, any taps but in depth. The kernel
-    takes it on a CPU with AMX-BF16 (which it checks at run time), else runs its other
-    tiles."""
+    """Whether a kernel carries the AMX path (amx.h.j2): bf16, channels last, one group,
+    channels in whole blocks of 32 on both sides; data gradients (fwd, bwd_data) 1x1 (with
+    stride 1, or any stride for bwd_data: the result's pixels between are zero) or with
+    stride 1 and taps in two dimensions at most, weight gradients with stride 1 and such
+    taps. The kernel takes it on a CPU with AMX-BF16 (which it checks at run time), else
+    runs its other tiles."""
     pointwise = config.pointwise or (config.family == "bwd_data"
                                      and all(k == 1 for k in config.kernel))
     rows = all(s == 1 for s in config.strides) and (config.rank < 3 or config.kernel[0] == 1)
     eligible = (config.dtype == "bf16" and config.isa == "avx512bf16"
                 and config.data_format == "NXC" and config.groups == 1
                 and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0
-                and (pointwise or rows))
+                and (rows or pointwise and config.family != "bwd_weights"))
     if not (eligible and plan.get("amx", 1)):
         return {"amx": False}
+    if config.family == "bwd_weights":
+        pixels = AMX_WEIGHT_BAND_BYTES // (2 * (config.cin_per_group + config.cout_per_group))
+        return {"amx": True, "amx_band_pixels": max(AMX_WEIGHT_MIN_BAND, pixels)}
     # how the weights repack: a pair of reduced channels is one 32-bit word of the user's
     # weights where the reduced channels are their contiguous axis (bwd_data XIO: [i][o],
     # fwd OIX 1x1: [o][i]); the output channels are, in the other two 1x1 cases and fwd
@@ -1027,7 +1038,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
             return {"body": "bwd_weights_dot.c.j2", "no_scratch": True, **dot}
         tiles = weight_tiles(config, plan)
         body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
-        return {"body": body, "no_scratch": tiles["packed"], **tiles}
+        return {"body": body, "no_scratch": tiles["packed"], **tiles, **amx_tiles(config, plan)}
     if config.depthwise or data_across_groups(config, plan):
         grouped = not config.depthwise  # input spread to the lanes, never padded
         return {"body": "depthwise.c.j2", "slide_rows": slide_rows(config, plan),
@@ -1036,8 +1047,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                 "reduced_per_group": _reduced_channels(config) if grouped else 1,
                 "spread_input": True,
                 "spread_whole_bytes": plan.get("spread_whole_mb", SPREAD_WHOLE_BYTES >> 20) << 20,
-                "round_in_tiles": False, "pointwise_ncx": False, "amx": False,
-                "overlap_runs": False,
+                "round_in_tiles": False, "pointwise_ncx": False, "overlap_runs": False,
                 **direct_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
@@ -1136,6 +1146,7 @@ def render_context(config: KernelConfig, generator_version: str,
         "no_scratch": False,  # True: the body copies no whole data tensor
         "spread_input": False,  # True: compute() takes scratch for spread input rows
         "image_block_bytes": 0,  # > 0: data_entry runs blocks of images (direct.c.j2)
+        "amx": False,  # True: the body carries the AMX path (amx.h.j2)
         "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
         # NCX blocks of VL channels x VL pixels transposed in registers: into f32 scratch
         # (whole tensors or chunks) and into the packed plan's diff_dst panels

@@ -647,6 +647,81 @@ def test_amx_tiles_rows(isa, op, weights_format, geometry):
             assert_exact(case, out)
 
 
+AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY,
+                       "1x1": dict(spatial=(5, 7), kernel=(1, 1)),
+                       "many bands": dict(spatial=(70, 40), kernel=(3, 3),
+                                          attrs=dict(pads_begin=1, pads_end=1))}
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+@pytest.mark.parametrize("op,weights_format", [
+    ("ConvolutionBackwardWeights", "XIO"), ("ConvolutionBackwardWeights", "OIX"),
+    ("ConvTransposeBackwardWeights", "IOX"), ("ConvTransposeBackwardWeights", "XOI")])
+@pytest.mark.parametrize("geometry", sorted(AMX_WEIGHT_GEOMETRY))
+def test_amx_tiles_weights(isa, op, weights_format, geometry):
+    """bf16 channels-last weight gradients with stride 1 on AMX tiles, where the CPU has
+    them: bands of whole images (one or several per band) or of rows ("tall", "many
+    bands"), src copied channels first with zero borders, diff_dst as pixel pairs (odd
+    row widths: pairs across rows), 1 to 3 threads (threads split the input or the output
+    channels), both weight layouts. On a CPU with AMX every call takes the AMX path (its
+    workspace differs from the other tiles')."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    has_amx = {"amx_bf16", "amx_tile"} <= convgrad.cpu.cpu_features()
+    for batch, channels in ((1, (64, 32)), (3, (32, 96))):
+        case = make_case(op, **AMX_WEIGHT_GEOMETRY[geometry], in_channels=channels[0],
+                         out_channels=channels[1], batch=batch, data_format="NXC",
+                         weights_format=weights_format, dtype="bf16", seed=24)
+        a, b = case.inputs[:2]
+        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+        config = problem.config.with_isa(isa)
+        kernel = kernels.get_kernel(config, {"bf16_dot": 0})
+        other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
+        for threads in (1, 2, 3):
+            dims = kernels.dims_of(problem, threads)
+            size = kernel.workspace_size(dims)
+            assert (size != other.workspace_size(dims)) == has_amx
+            first, second = (b, a) if problem.swap_inputs else (a, b)
+            out = np.full(problem.output_shape, 7, a.dtype)
+            kernels.call(kernel, problem, dims, first, second, out,
+                         np.empty(size, dtype=np.uint8))
+            assert_exact(case, out)
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+@pytest.mark.parametrize("op", ["ConvolutionBackwardWeights", "ConvolutionBackwardData"])
+def test_amx_tiles_never_multiply_inf_by_padding(isa, op):
+    """An inf in src at the image's corner (weight gradients), or in the weights (data
+    gradients), meets the AMX copies' zeros where the convolution has no product; such
+    calls take the other tiles, whose result (here NaN and inf exactly where products of
+    the inf are) the AMX kernel then gives too."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    case = make_case(op, spatial=(5, 7), kernel=(3, 3), in_channels=32, out_channels=32,
+                     batch=1, data_format="NXC", dtype="bf16", seed=25,
+                     attrs=dict(pads_begin=1, pads_end=1))
+    a, b = case.inputs[:2]
+    if op == "ConvolutionBackwardWeights":
+        a[0, 0, 0, 3] = np.inf  # src
+    else:
+        b[0, 0, 5, 2] = np.inf  # weights (XIO): tap (0, 0)
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+    config = problem.config.with_isa(isa)
+    results = []
+    for plan in ({"bf16_dot": 0}, {"bf16_dot": 0, "amx": 0}):
+        kernel = kernels.get_kernel(config, plan)
+        dims = kernels.dims_of(problem, 2)
+        first, second = (b, a) if problem.swap_inputs else (a, b)
+        out = np.zeros(problem.output_shape, a.dtype)
+        kernels.call(kernel, problem, dims, first, second, out,
+                     np.empty(kernel.workspace_size(dims), dtype=np.uint8))
+        results.append(out.astype(np.float32))
+    assert np.isinf(results[1]).any()
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 AMX_OFF_CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
