@@ -521,9 +521,9 @@ AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "
 
 
 def test_amx_tiles_by_rule():
-    """The AMX path is carried by bf16 channels-last data gradients of one group with
-    reduced and output channels in multiples of 32, on the avx512bf16 path: 1x1 with stride
-    1 (any stride for backward data), and stride 1 with taps in two dimensions at most."""
+    """The AMX path is carried by bf16 channels-last gradients of one group with channels
+    in multiples of 32 on both sides, on the avx512bf16 path: stride 1 with taps in two
+    dimensions at most, and 1x1 with stride (backward data and weight gradients)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import amx_tiles, candidates
 
@@ -537,6 +537,9 @@ def test_amx_tiles_by_rule():
 
     assert amx_tiles(config(strides=(2, 2)))["amx_pointwise"]  # the others pixels zero
     assert not amx_tiles(config("ConvTransposeBackwardData", strides=(2, 2)))["amx"]
+    assert amx_tiles(config("ConvolutionBackwardWeights", strides=(2, 2)))["amx"]
+    assert not amx_tiles(config("ConvolutionBackwardWeights", kernel=(3, 3),
+                                strides=(2, 2)))["amx"]
     for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):
         assert amx_tiles(config(op))["amx_pointwise"]
         for kernel, spatial in (((3, 3), (4, 6)), ((3,), (5,)), ((1, 2, 3), (2, 3, 4))):
@@ -649,6 +652,8 @@ def test_amx_tiles_rows(isa, op, weights_format, geometry):
 
 AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY,
                        "1x1": dict(spatial=(5, 7), kernel=(1, 1)),
+                       "1x1 strided": dict(spatial=(7, 10), kernel=(1, 1),
+                                           attrs=dict(strides=[2, 3])),
                        "many bands": dict(spatial=(70, 40), kernel=(3, 3),
                                           attrs=dict(pads_begin=1, pads_end=1))}
 
@@ -659,8 +664,8 @@ AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY,
     ("ConvTransposeBackwardWeights", "IOX"), ("ConvTransposeBackwardWeights", "XOI")])
 @pytest.mark.parametrize("geometry", sorted(AMX_WEIGHT_GEOMETRY))
 def test_amx_tiles_weights(isa, op, weights_format, geometry):
-    """bf16 channels-last weight gradients with stride 1 on AMX tiles, where the CPU has
-    them: bands of whole images (one or several per band) or of rows ("tall", "many
+    """bf16 channels-last weight gradients with stride 1 (or 1x1) on AMX tiles, where the
+    CPU has them: bands of whole images (one or several per band) or of rows ("tall", "many
     bands"), src copied channels first with zero borders, diff_dst as pixel pairs (odd
     row widths: pairs across rows), 1 to 3 threads (threads split the input or the output
     channels), both weight layouts. On a CPU with AMX every call takes the AMX path (its
