@@ -87,6 +87,11 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
             from test_ops import run_with_plan
             for plan in ({{}}, {{"bf16_dot": 0}}):
                 run_with_plan(case, plan, convgrad.cpu.available_isas()[0], 2)
+    for kernel, attrs in (((3, 3), dict(pads_begin=[1, 1], pads_end=[0, 1])),  # bf16 NXC:
+                          ((1, 1), dict(strides=[2, 3]))):  # AMX where the CPU has it
+        run_case(make_case("ConvolutionBackwardWeights", spatial=(9, 7), kernel=kernel,
+                           in_channels=64, out_channels=96, batch=3, dtype="bf16",
+                           attrs=attrs), num_threads=2)
     from test_ops import NCX_WEIGHT_GEOMETRY  # src read in its own order, merged runs
     for geometry in NCX_WEIGHT_GEOMETRY.values():
         run_case(make_case("ConvolutionBackwardWeights", **geometry, in_channels=38,
