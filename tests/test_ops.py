@@ -581,7 +581,7 @@ def test_amx_tiles_pointwise(isa, op, weights_format, strides, channels):
         config = problem.config.with_isa(isa)
         reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
         amx_bytes = reduced * config.vector_channels * 2 + 32 * reduced * 2
-        for plan in ({}, {"bf16_dot": 0}):
+        for plan in ({"bf16_dot": 0},):  # the AMX path is the same under either
             kernel = kernels.get_kernel(config, plan)
             other = kernels.get_kernel(config, {**plan, "amx": 0})
             for threads in (1, 2):
@@ -615,9 +615,16 @@ AMX_ROWS_GEOMETRY = {  # stride 1 with taps: pads within and past the kernel's e
 }
 
 
+def _amx_cases(geometries, layouts):
+    """Each geometry with two of the op and weight layout pairs, every pair in turn."""
+    names = sorted(geometries)
+    return [(name, *layouts[(2 * k + j) % len(layouts)])
+            for k, name in enumerate(names) for j in range(2)]
+
+
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("op,weights_format", AMX_WEIGHTS)
-@pytest.mark.parametrize("geometry", sorted(AMX_ROWS_GEOMETRY))
+@pytest.mark.parametrize("geometry,op,weights_format", _amx_cases(AMX_ROWS_GEOMETRY,
+                                                                   AMX_WEIGHTS))
 def test_amx_tiles_rows(isa, op, weights_format, geometry):
     """bf16 channels-last data gradients with stride 1 and taps on AMX tiles, where the
     CPU has them: bands of rows copied with zero borders (several bands: "tall"), the
@@ -659,10 +666,9 @@ AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY,
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("op,weights_format", [
+@pytest.mark.parametrize("geometry,op,weights_format", _amx_cases(AMX_WEIGHT_GEOMETRY, [
     ("ConvolutionBackwardWeights", "XIO"), ("ConvolutionBackwardWeights", "OIX"),
-    ("ConvTransposeBackwardWeights", "IOX"), ("ConvTransposeBackwardWeights", "XOI")])
-@pytest.mark.parametrize("geometry", sorted(AMX_WEIGHT_GEOMETRY))
+    ("ConvTransposeBackwardWeights", "IOX"), ("ConvTransposeBackwardWeights", "XOI")]))
 def test_amx_tiles_weights(isa, op, weights_format, geometry):
     """bf16 channels-last weight gradients with stride 1 (or 1x1) on AMX tiles, where the
     CPU has them: bands of whole images (one or several per band) or of rows ("tall", "many
