@@ -54,7 +54,7 @@ PLAN_CHOICES = {
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
                 "f32 and runs the f32 tiles",
-    "amx": "bf16 NXC gradients on avx512bf16 (stride 1, or data 1x1): 1 multiplies with "
+    "amx": "bf16 gradients on avx512bf16 (stride 1, or data 1x1): 1 multiplies with "
            "AMX tiles where the CPU has them (the kernel checks), 0 never",
 }
 EMPTY_PLAN: Mapping[str, int] = MappingProxyType({})
@@ -879,19 +879,18 @@ AMX_WEIGHT_MIN_BAND = 256
 
 
 def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
-    """Whether a kernel carries the AMX path (amx.h.j2): bf16, channels last, one group,
-    channels in whole blocks of 32 on both sides; with stride 1 and taps in two dimensions
-    at most, or 1x1: data gradients (fwd, bwd_data) with stride 1, or any stride for
-    bwd_data (the result's pixels between are zero), weight gradients with any stride
-    but in depth. The kernel takes it on a CPU with AMX-BF16 (which it checks at run time), else
-    runs its other tiles."""
+    """Whether a kernel carries the AMX path (amx.h.j2): bf16 (channels first through
+    channels-last copies), one group, channels in whole blocks of 32 on both sides; with
+    stride 1 and taps in two dimensions at most, or 1x1: data gradients (fwd, bwd_data)
+    with stride 1, or any stride for bwd_data (the result's pixels between are zero),
+    weight gradients with any stride but in depth. The kernel takes it on a CPU with
+    AMX-BF16 (which it checks at run time), else runs its other tiles."""
     one_by_one = all(k == 1 for k in config.kernel)
     pointwise = config.pointwise or (config.family == "bwd_data" and one_by_one)
     rows = all(s == 1 for s in config.strides) and (config.rank < 3 or config.kernel[0] == 1)
     if config.family == "bwd_weights":  # strided 1x1 too, but in depth
         rows = rows or one_by_one and (config.rank < 3 or config.strides[0] == 1)
-    eligible = (config.dtype == "bf16" and config.isa == "avx512bf16"
-                and config.data_format == "NXC" and config.groups == 1
+    eligible = (config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
                 and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0
                 and (rows or pointwise))
     if not (eligible and plan.get("amx", 1)):
@@ -1052,34 +1051,38 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                 "round_in_tiles": False, "pointwise_ncx": False, "overlap_runs": False,
                 **direct_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
+    amx = amx_tiles(config, plan)
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
-                                     ncx.get("ncx_tiles", []))
+                                     ncx.get("ncx_tiles", []), amx["amx"])
     return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
             "overlap_runs": overlap_runs(config, plan),
             "image_block_bytes": image_block_bytes(config, plan),
-            "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx,
-            **amx_tiles(config, plan)}
+            "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx, **amx}
 
 
 # Compile time of a direct kernel's code besides its tiles, and of each tile on top of
 # its accumulators (rows x vectors, twice that with the odd partial sums of small tiles),
 # in units of one accumulator: to balance the two objects a lazy build compiles at once
 # (fit to GCC 12's times for the parts of ResNet-50 kernels compiled alone, Zen 4: about
-# 1 ms a unit). Channels-first kernels carry their transposes.
+# 1 ms a unit). Channels-first kernels carry their transposes. The AMX path, always the
+# second object's, costs about AMX_COST (Sapphire Rapids, GCC 12: 0.15-0.25 s; NCX with
+# its channels-last copies).
 BASE_COST = {"NXC": 150, "NCX": 330}
 TILE_COST = 30
+AMX_COST = {"NXC": 150, "NCX": 250}
 
 
 def split_tiles(data_format: str, tiles: list[tuple[int, int]],
-                ncx_tiles: list[tuple[int, int]],
+                ncx_tiles: list[tuple[int, int]], amx: bool = False,
                 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The tiles a direct kernel's second object defines (see functions.h.j2): the
-    costliest first, each to the object with less to compile so far."""
+    costliest first, each to the object with less to compile so far (the second holds
+    the AMX path, where there is one)."""
     def cost(tile: tuple[int, int]) -> int:
         accumulators = tile[0] * tile[1]
         return TILE_COST + accumulators * (2 if accumulators < 8 else 1)
 
-    load = [BASE_COST[data_format], 0]
+    load = [BASE_COST[data_format], AMX_COST[data_format] if amx else 0]
     second: list[tuple[str, tuple[int, int]]] = []
     named = [("tile", t) for t in tiles] + [("ncx", t) for t in ncx_tiles]
     for kind, tile in sorted(named, key=lambda n: -cost(n[1])):
@@ -1093,7 +1096,8 @@ def split_tiles(data_format: str, tiles: list[tuple[int, int]],
 
 def compile_parts(config: KernelConfig, plan: Mapping[str, int] | None = None) -> int:
     """How many objects a build of this kernel (of `plan`, default the rules') may
-    compile at once (functions.h.j2)."""
+    compile at once (functions.h.j2): two for direct kernels (their tiles split, the
+    AMX path, where there is one, in the second)."""
     return 2 if _body(config, plan or EMPTY_PLAN)["body"] == "direct.c.j2" else 1
 
 

@@ -521,7 +521,7 @@ AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "
 
 
 def test_amx_tiles_by_rule():
-    """The AMX path is carried by bf16 channels-last gradients of one group with channels
+    """The AMX path is carried by bf16 gradients (either layout) of one group with channels
     in multiples of 32 on both sides, on the avx512bf16 path: stride 1 with taps in two
     dimensions at most, and 1x1 with stride (backward data and weight gradients)."""
     from convgrad.codegen.ops import resolve
@@ -548,7 +548,8 @@ def test_amx_tiles_by_rule():
         assert {"bf16_dot": 0, "amx": 0} in candidates(config(op), "GenuineIntel")
         assert {"amx": 0} in candidates(config(op), "AuthenticAMD")
         assert not amx_tiles(config(op), {"amx": 0})["amx"]
-    for other in (dict(dtype="f32"), dict(dtype="f16"), dict(fmt="NCX"), dict(isa="avx512"),
+    assert amx_tiles(config(fmt="NCX"))["amx"]  # through channels-last copies
+    for other in (dict(dtype="f32"), dict(dtype="f16"), dict(isa="avx512"),
                   dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2),
                   dict(kernel=(3, 3), strides=(2, 1)), dict(kernel=(2, 1, 1), spatial=(3, 4, 5))):
         assert not amx_tiles(config(**other))["amx"], other
@@ -558,29 +559,34 @@ def test_amx_tiles_by_rule():
 @pytest.mark.parametrize("op,weights_format,strides", [
     *((op, layout, (1, 1)) for op, layout in AMX_WEIGHTS),
     ("ConvolutionBackwardData", "XIO", (2, 2)), ("ConvolutionBackwardData", "OIX", (1, 3))])
-@pytest.mark.parametrize("channels", [(64, 96), (32, 32)])
-def test_amx_tiles_pointwise(isa, op, weights_format, strides, channels):
-    """bf16 channels-last 1x1 data gradients on AMX tiles, where the CPU has them (else
-    the kernel's other tiles): exact for 1 to 70 pixels (blocks of 32 and a zero-padded
-    last block), both weight layouts, strided backward data (the result's other pixels
-    zero, on a result first filled with garbage), inputs and results at odd offsets, 1
-    and 2 threads. On a CPU with AMX the workspace is the AMX path's (packed weights and
-    one block of input rows), so a silent fallback fails; elsewhere it is the other
-    tiles'."""
+@pytest.mark.parametrize("channels,data_format", [((64, 96), "NXC"), ((32, 32), "NCX")])
+def test_amx_tiles_pointwise(isa, op, weights_format, strides, channels, data_format):
+    """bf16 1x1 data gradients on AMX tiles (channels first through channels-last copies),
+    where the CPU has them (else the kernel's other tiles): exact for 1 to 72 pixels
+    (blocks of 32 and a zero-padded last block), both weight layouts, strided backward
+    data (the result's other pixels zero, on a result first filled with garbage), inputs
+    and results at odd offsets, 1 and 2 threads. On a CPU with AMX the workspace is the
+    AMX path's (packed weights, one block of input rows, NCX copies), so a silent
+    fallback fails; elsewhere it is the other tiles'."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
     has_amx = {"amx_bf16", "amx_tile"} <= convgrad.cpu.cpu_features()
     for spatial, batch in (((1, 1), 1), ((3, 3), 2), ((4, 8), 1), ((5, 7), 2), ((8, 9), 1)):
         case = make_case(op, spatial=spatial, kernel=(1, 1), in_channels=channels[0],
-                         out_channels=channels[1], batch=batch, data_format="NXC",
+                         out_channels=channels[1], batch=batch, data_format=data_format,
                          weights_format=weights_format, dtype="bf16", seed=21,
                          attrs=dict(strides=list(strides)))
         a, b = case.inputs[:2]
         problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
         config = problem.config.with_isa(isa)
         reduced = config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
-        amx_bytes = reduced * config.vector_channels * 2 + 32 * reduced * 2
+        # packed weights, a block of input rows and (NCX) channels-last copies, each part
+        # at a 64-byte boundary
+        parts = [reduced * config.vector_channels * 2, 32 * reduced * 2]
+        if data_format == "NCX":
+            parts += [a.size * 2, int(np.prod(problem.output_shape)) * 2]
+        amx_bytes = sum(-(-part // 64) * 64 for part in parts)
         for plan in ({"bf16_dot": 0},):  # the AMX path is the same under either
             kernel = kernels.get_kernel(config, plan)
             other = kernels.get_kernel(config, {**plan, "amx": 0})
@@ -616,16 +622,17 @@ AMX_ROWS_GEOMETRY = {  # stride 1 with taps: pads within and past the kernel's e
 
 
 def _amx_cases(geometries, layouts):
-    """Each geometry with two of the op and weight layout pairs, every pair in turn."""
+    """Each geometry with two of the op and weight layout pairs, every pair in turn, one
+    channels last and one channels first (through channels-last copies)."""
     names = sorted(geometries)
-    return [(name, *layouts[(2 * k + j) % len(layouts)])
+    return [(name, *layouts[(2 * k + j) % len(layouts)], ("NXC", "NCX")[j])
             for k, name in enumerate(names) for j in range(2)]
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("geometry,op,weights_format", _amx_cases(AMX_ROWS_GEOMETRY,
-                                                                   AMX_WEIGHTS))
-def test_amx_tiles_rows(isa, op, weights_format, geometry):
+@pytest.mark.parametrize("geometry,op,weights_format,data_format",
+                         _amx_cases(AMX_ROWS_GEOMETRY, AMX_WEIGHTS))
+def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
     """bf16 channels-last data gradients with stride 1 and taps on AMX tiles, where the
     CPU has them: bands of rows copied with zero borders (several bands: "tall"), the
     outputs past the width dropped, both weight layouts (OIX value by value), 1 and 2
@@ -638,7 +645,7 @@ def test_amx_tiles_rows(isa, op, weights_format, geometry):
     has_amx = {"amx_bf16", "amx_tile"} <= convgrad.cpu.cpu_features()
     for batch in (1, 3):
         case = make_case(op, **AMX_ROWS_GEOMETRY[geometry], in_channels=64, out_channels=32,
-                         batch=batch, data_format="NXC", weights_format=weights_format,
+                         batch=batch, data_format=data_format, weights_format=weights_format,
                          dtype="bf16", seed=22)
         a, b = case.inputs[:2]
         problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
@@ -666,10 +673,12 @@ AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY,
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("geometry,op,weights_format", _amx_cases(AMX_WEIGHT_GEOMETRY, [
-    ("ConvolutionBackwardWeights", "XIO"), ("ConvolutionBackwardWeights", "OIX"),
-    ("ConvTransposeBackwardWeights", "IOX"), ("ConvTransposeBackwardWeights", "XOI")]))
-def test_amx_tiles_weights(isa, op, weights_format, geometry):
+@pytest.mark.parametrize("geometry,op,weights_format,data_format", _amx_cases(
+    AMX_WEIGHT_GEOMETRY, [("ConvolutionBackwardWeights", "XIO"),
+                          ("ConvolutionBackwardWeights", "OIX"),
+                          ("ConvTransposeBackwardWeights", "IOX"),
+                          ("ConvTransposeBackwardWeights", "XOI")]))
+def test_amx_tiles_weights(isa, op, weights_format, data_format, geometry):
     """bf16 channels-last weight gradients with stride 1 (or 1x1) on AMX tiles, where the
     CPU has them: bands of whole images (one or several per band) or of rows ("tall", "many
     bands"), src copied channels first with zero borders, diff_dst as pixel pairs (odd
@@ -682,7 +691,7 @@ def test_amx_tiles_weights(isa, op, weights_format, geometry):
     has_amx = {"amx_bf16", "amx_tile"} <= convgrad.cpu.cpu_features()
     for batch, channels in ((1, (64, 32)), (3, (32, 96))):
         case = make_case(op, **AMX_WEIGHT_GEOMETRY[geometry], in_channels=channels[0],
-                         out_channels=channels[1], batch=batch, data_format="NXC",
+                         out_channels=channels[1], batch=batch, data_format=data_format,
                          weights_format=weights_format, dtype="bf16", seed=24)
         a, b = case.inputs[:2]
         problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
