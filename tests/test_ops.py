@@ -622,11 +622,10 @@ AMX_ROWS_GEOMETRY = {  # stride 1 with taps: pads within and past the kernel's e
 
 
 def _amx_cases(geometries, layouts):
-    """Each geometry with two of the op and weight layout pairs, every pair in turn, one
-    channels last and one channels first (through channels-last copies)."""
-    names = sorted(geometries)
-    return [(name, *layouts[(2 * k + j) % len(layouts)], ("NXC", "NCX")[j])
-            for k, name in enumerate(names) for j in range(2)]
+    """Each geometry with one of the op and weight layout pairs, every pair in turn, and
+    channels last or first (through channels-last copies) in turn."""
+    return [(name, *layouts[k % len(layouts)], ("NXC", "NCX")[k // len(layouts) % 2])
+            for k, name in enumerate(sorted(geometries))]
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
