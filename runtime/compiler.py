@@ -33,7 +33,10 @@ def compiler_command() -> list[str]:
 
 
 # CONVGRAD_SANITIZE=1: kernels check every access (the process needs libasan preloaded).
-SANITIZE_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+# -O1 (after BASE_FLAGS' -O3, so it wins), as AddressSanitizer's documentation advises:
+# the checks are placed on the C's own accesses at every level, and GCC compiles the
+# instrumented kernels 4-5x faster than at -O3 (a 1x1 NCX data kernel: 14.7 s -> 3.3 s).
+SANITIZE_FLAGS = ("-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                   "-fno-omit-frame-pointer", "-g")
 
 

@@ -122,3 +122,10 @@ def make_case(op, *, spatial, kernel, in_channels=4, out_channels=6, batch=2, gr
             attrs[SHAPE_NAMES[op]] = shape_value
     attrs["groups"] = groups
     return Case(op, inputs, attrs)
+
+
+def rotating(items: list, index: int, keep: int) -> list:
+    """`keep` of `items`, starting at `index` (cyclically): a grid that takes the subset
+    of its index in each row still runs every item in some row, at a fraction of the
+    product's kernels (each a compilation; the suite's time goes to them)."""
+    return [items[(index + k) % len(items)] for k in range(keep)]
