@@ -167,7 +167,7 @@ def _load(config: KernelConfig, plan: dict | None) -> Kernel:
             log.debug("%s: ahead-of-time kernel from %s", name, library)
             return Kernel(config.with_isa(isa), *_bind(name, library), "aot", library, aot_plan)
     if plan is None:
-        plan = vendor_plan(config, cpu_vendor())
+        plan = vendor_plan(config, cpu_vendor(), cpu_features())
     try:
         path, compiled = cache.build(config, plan)
     except CompilerNotFoundError as error:

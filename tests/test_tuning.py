@@ -141,6 +141,30 @@ def test_intel_widens_bf16():
             assert vendor_plan(other, "GenuineIntel") == {}, other.name
 
 
+def test_kernels_built_for_a_cpu_without_amx_leave_it_out(fresh_cache):
+    """A kernel compiled for this CPU alone (features given: lazy compilation) leaves the
+    AMX path out where the CPU lacks AMX (plan amx 0), with the vendor's other rules;
+    where the CPU has AMX, and for a build that may run elsewhere (no features: ahead
+    of time), the rules keep it. The runtime's lazily compiled kernel follows this CPU."""
+    from convgrad import kernels
+    from convgrad.codegen.plan import AMX_FEATURES, amx_tiles, vendor_plan
+
+    carries = _config("bwd_weights", (3, 3), 64, 64, dtype="bf16", isa="avx512bf16")
+    assert amx_tiles(carries)["amx"]
+    zen4 = {"avx512f", "avx512_bf16"}
+    assert vendor_plan(carries, "AuthenticAMD", zen4) == {"amx": 0}
+    assert vendor_plan(carries, "GenuineIntel", zen4) == {"bf16_dot": 0, "amx": 0}
+    for vendor in ("AuthenticAMD", "GenuineIntel"):
+        assert vendor_plan(carries, vendor, zen4 | AMX_FEATURES) == vendor_plan(carries, vendor)
+        assert "amx" not in vendor_plan(carries, vendor)
+    for other in (carries.with_isa("avx512"), _config("bwd_weights", (3, 3), 64, 48,
+                                                      dtype="bf16", isa="avx512bf16")):
+        assert not amx_tiles(other)["amx"] and vendor_plan(other, "AuthenticAMD", zen4) == {}
+    if "avx512bf16" in ISAS:
+        has_amx = convgrad.cpu.cpu_features() >= AMX_FEATURES
+        assert kernels.get_kernel(carries).plan.get("amx", 1) == int(has_amx)
+
+
 @pytest.mark.skipif("avx2" not in ISAS, reason="this CPU does not run the avx2 path")
 @pytest.mark.parametrize("vendor, plan", [("GenuineIntel", {"vec_block": 3}),
                                           ("AuthenticAMD", {})])
