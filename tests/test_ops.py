@@ -562,10 +562,12 @@ def test_amx_tiles_by_rule():
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("op,weights_format,strides", [
-    *((op, layout, (1, 1)) for op, layout in AMX_WEIGHTS),
-    ("ConvolutionBackwardData", "XIO", (2, 2)), ("ConvolutionBackwardData", "OIX", (1, 3))])
-@pytest.mark.parametrize("channels,data_format", [((64, 96), "NXC"), ((32, 32), "NCX")])
+@pytest.mark.parametrize("op,weights_format,strides,channels,data_format", [
+    (*row, *layout) for i, row in enumerate(
+        [*((op, layout, (1, 1)) for op, layout in AMX_WEIGHTS),
+         ("ConvolutionBackwardData", "XIO", (2, 2)), ("ConvolutionBackwardData", "OIX", (1, 3))])
+    # without AMX (the kernels fall back) one of the two in turn
+    for layout in rotating([((64, 96), "NXC"), ((32, 32), "NCX")], i, 2 if HAS_AMX else 1)])
 def test_amx_tiles_pointwise(isa, op, weights_format, strides, channels, data_format):
     """bf16 1x1 data gradients on AMX tiles (channels first through channels-last copies),
     where the CPU has them (else the kernel's other tiles): exact for 1 to 72 pixels
@@ -863,9 +865,10 @@ NCX_WEIGHT_GEOMETRY = {
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("op", ["ConvolutionBackwardWeights", "ConvTransposeBackwardWeights"])
-@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
-@pytest.mark.parametrize("geometry", sorted(NCX_WEIGHT_GEOMETRY))
+@pytest.mark.parametrize("dtype,geometry,op", [  # each runs both ops, in turn
+    (dtype, geometry, ("ConvolutionBackwardWeights", "ConvTransposeBackwardWeights")[(d + g) % 2])
+    for d, dtype in enumerate(["f32", "bf16", "f16"])
+    for g, geometry in enumerate(sorted(NCX_WEIGHT_GEOMETRY))])
 def test_weight_gradient_reads_ncx_src_in_order(isa, op, dtype, geometry, monkeypatch):
     """NCX weight gradients broadcast src along its pixels (f32 in place, f16/bf16
     widened in their order) and merge a row's run into the last one where both inputs
