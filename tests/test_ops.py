@@ -1032,6 +1032,14 @@ BF16_PAIR_GEOMETRY = {
                        groups=2),
     "1d": dict(spatial=(100,), kernel=(5,), in_channels=16, out_channels=17,
                attrs=dict(pads_begin=[2], pads_end=[3])),
+    # even widths: diff_dst rows go VL at a time as one row (19 rows of 14 pixels: a run
+    # of 16 and one of 3; 5 rows of 6: one run shorter than a transpose; 3-D: runs over
+    # depth and height), with output channel tails
+    "1x1 even rows": dict(spatial=(19, 14), kernel=(1, 1), in_channels=20, out_channels=35),
+    "3x3 even rows": dict(spatial=(5, 6), kernel=(3, 3), in_channels=18, out_channels=20,
+                          attrs=dict(pads_begin=1, pads_end=1)),
+    "3d even rows": dict(spatial=(3, 7, 8), kernel=(2, 1, 3), in_channels=8, out_channels=33,
+                         groups=1, attrs=dict(pads_begin=[1, 0, 1], pads_end=[0, 0, 1])),
 }
 
 
@@ -1040,8 +1048,9 @@ BF16_PAIR_GEOMETRY = {
 @pytest.mark.parametrize("op", ["ConvolutionBackwardWeights", "ConvTransposeBackwardWeights"])
 def test_ncx_bf16_pixel_pairs_transposed(geometry, op):
     """NCX bf16 weight gradients with vdpbf16ps copy the pixel pairs inside a row VL
-    pairs x VL channels at a time (interleave_rows), the rest pair by pair: exact with
-    pads, dilations, odd widths, channel tails and groups, on 1 and 2 threads."""
+    pairs x VL channels at a time (interleave_rows), the rest pair by pair; diff_dst rows
+    of an even width up to VL at a time as one row: exact with pads, dilations, odd and
+    even widths, channel tails and groups, 1-D to 3-D, on 1 and 2 threads."""
     case = make_case(op, **BF16_PAIR_GEOMETRY[geometry], batch=2, data_format="NCX",
                      dtype="bf16", seed=23)
     for threads in (1, 2):
