@@ -579,7 +579,6 @@ def test_amx_tiles_pointwise(isa, op, weights_format, strides, channels, data_fo
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
-    has_amx = HAS_AMX
     for spatial, batch in (((1, 1), 1), ((3, 3), 2), ((4, 8), 1), ((5, 7), 2), ((8, 9), 1)):
         case = make_case(op, spatial=spatial, kernel=(1, 1), in_channels=channels[0],
                          out_channels=channels[1], batch=batch, data_format=data_format,
@@ -601,7 +600,7 @@ def test_amx_tiles_pointwise(isa, op, weights_format, strides, channels, data_fo
             for threads in (1, 2):
                 dims = kernels.dims_of(problem, threads)
                 size = kernel.workspace_size(dims)
-                assert size == (amx_bytes + 64 if has_amx else other.workspace_size(dims))
+                assert size == (amx_bytes + 64 if HAS_AMX else other.workspace_size(dims))
                 workspace = np.empty(size, dtype=np.uint8)
                 for in_at, out_at in ((0, 0), (2, 6), (34, 62)):
                     x, y = _placed(a, in_at), _placed(b, in_at)
@@ -652,7 +651,6 @@ def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
-    has_amx = HAS_AMX
     for batch in (1, 3):
         case = make_case(op, **AMX_ROWS_GEOMETRY[geometry], in_channels=64, out_channels=32,
                          batch=batch, data_format=data_format, weights_format=weights_format,
@@ -665,7 +663,7 @@ def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
         for threads in (1, 2):
             dims = kernels.dims_of(problem, threads)
             size, other_size = kernel.workspace_size(dims), other.workspace_size(dims)
-            assert (size != other_size) == (has_amx and not (
+            assert (size != other_size) == (HAS_AMX and not (
                 geometry == "pad past extent" and op == "ConvolutionBackwardData"))
             workspace = np.empty(size, dtype=np.uint8)
             first, second = (b, a) if problem.swap_inputs else (a, b)
@@ -698,7 +696,6 @@ def test_amx_tiles_weights(isa, op, weights_format, data_format, geometry):
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
-    has_amx = HAS_AMX
     for batch, channels in ((1, (64, 32)), (3, (32, 96))):
         case = make_case(op, **AMX_WEIGHT_GEOMETRY[geometry], in_channels=channels[0],
                          out_channels=channels[1], batch=batch, data_format=data_format,
@@ -711,7 +708,7 @@ def test_amx_tiles_weights(isa, op, weights_format, data_format, geometry):
         for threads in (1, 2, 3):
             dims = kernels.dims_of(problem, threads)
             size = kernel.workspace_size(dims)
-            assert (size != other.workspace_size(dims)) == has_amx
+            assert (size != other.workspace_size(dims)) == HAS_AMX
             first, second = (b, a) if problem.swap_inputs else (a, b)
             out = np.full(problem.output_shape, 7, a.dtype)
             kernels.call(kernel, problem, dims, first, second, out,
@@ -814,8 +811,7 @@ def test_amx_tiles_flushes_denormals(isa):
                       dict(data_format="NXC", weights_format="XIO"), [5, 1], "bf16")
     config = problem.config.with_isa(isa)
     dims = kernels.dims_of(problem, 1)
-    has_amx = HAS_AMX
-    for plan, flushed in (({"bf16_dot": 0}, has_amx), ({"amx": 0, "bf16_dot": 0}, False)):
+    for plan, flushed in (({"bf16_dot": 0}, HAS_AMX), ({"amx": 0, "bf16_dot": 0}, False)):
         kernel = kernels.get_kernel(config, plan)
         out = np.empty(problem.output_shape, bf16)
         workspace = np.empty(kernel.workspace_size(dims), np.uint8)
