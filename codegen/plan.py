@@ -54,6 +54,8 @@ PLAN_CHOICES = {
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
                 "f32 and runs the f32 tiles",
+    "stream_kb": "depthwise and across-group f32 channels-last data gradients: results of "
+                 "at least this many KB are stored past the caches (non-temporal; 0: never)",
     "amx": "bf16 gradients on avx512bf16 (stride 1, or data 1x1): 1 multiplies with "
            "AMX tiles where the CPU has them (the kernel checks), 0 never",
 }
@@ -455,6 +457,8 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     rule = MAX_VECTOR_BLOCK[config.isa]
     if _wide_vector_block(config, across):
         rule = WIDE_VECTOR_BLOCK[config.isa]
+    if _may_stream(config, plan):
+        rule = STREAM_VECTOR_BLOCK.get(config.isa, rule)
     block = min(vectors, plan.get("vec_block", rule))
     last = _last_part(vectors, block)
     rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block,
@@ -986,6 +990,37 @@ def _near_equal(total: int, most: int) -> int:
 SLIDE_ROWS = {"avx512bf16": 16, "avx512": 16, "avx2": 11, "portable": 11, "neon": 16,
               "sve256": 16}
 SLIDE_MAX_CHANNELS = 256
+# Depthwise data gradients store results of at least STREAM_MIN_KB past the caches: with
+# one multiply-add or few per value they wait on memory, and an ordinary store first reads
+# each line it writes. The tiles then write whole 64-byte lines (LINE_FLOATS), a partial
+# one would go to memory twice: on avx2, blocks of STREAM_VECTOR_BLOCK vectors.
+LINE_FLOATS = 16
+STREAM_MIN_KB = 1024
+STREAM_VECTOR_BLOCK = {"avx2": 4}
+
+
+def _may_stream(config: KernelConfig, plan: Mapping[str, int]) -> bool:
+    """Whether a depthwise (or across-group) data gradient's tiles may store its result
+    past the caches: f32 channels-last, written in place, in whole cache lines of every
+    pixel (channels a multiple of a line), with non-temporal stores (x86). (Its sliding
+    tiles, which store one vector of each pixel at a time, then run only on results
+    that do not stream.)"""
+    channels = config.vector_channels * (1 if config.depthwise else config.groups)
+    return (config.family != "bwd_weights" and config.dtype == "f32"
+            and (config.depthwise or data_across_groups(config, plan))
+            and config.data_format == "NXC"
+            and SIMD[config.isa] != "generic" and channels % LINE_FLOATS == 0
+            and plan.get("stream_kb", STREAM_MIN_KB) > 0)
+
+
+def stream_min_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
+    """Result bytes from which a depthwise.c.j2 kernel's tiles store past the caches (0:
+    never): where _may_stream and each vector block spans whole cache lines."""
+    if not _may_stream(config, plan):
+        return 0
+    if direct_tiles(config, plan)["vec_block"] * VECTOR_LANES[config.isa] % LINE_FLOATS:
+        return 0
+    return plan.get("stream_kb", STREAM_MIN_KB) * 1024
 
 
 def slide_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
@@ -1058,7 +1093,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                 "pad_columns_below": 0 if grouped else pad_columns_below(config, plan),
                 "vector_per_group": config.vector_channels if grouped else 1,
                 "reduced_per_group": _reduced_channels(config) if grouped else 1,
-                "spread_input": True,
+                "spread_input": True, "stream_min_bytes": stream_min_bytes(config, plan),
                 "spread_whole_bytes": plan.get("spread_whole_mb", SPREAD_WHOLE_BYTES >> 20) << 20,
                 "round_in_tiles": False, "pointwise_ncx": False, "overlap_runs": False,
                 **direct_tiles(config, plan)}
@@ -1231,6 +1266,8 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
     blocks = [WIDE_VECTOR_BLOCK[isa]] if isa in WIDE_VECTOR_BLOCK and not config.depthwise else []
     found += [{"vec_block": b} for b in [*blocks, *range(MAX_VECTOR_BLOCK[isa], 1, -1)]
               if b != tiles["vec_block"]]
+    if _may_stream(config, EMPTY_PLAN):
+        found.append({"stream_kb": 0})
     if config.depthwise:
         if config.strides[-1] == 1 and config.kernel[-1] > 1:
             found.append({"slide": int(not slide_rows(config))})

@@ -847,6 +847,67 @@ def test_depthwise_sliding_tiles(isa, op, channels, dilation, width, data_format
     run_case(case)
 
 
+
+STREAM_GEOMETRY = {
+    # stride 2 with pads: 1, 2 or 4 taps per pixel; 48 channels, a last vector block of
+    # 2 on avx2 (4 + 2), 3 single-vector blocks on avx512
+    "strided": dict(spatial=(9, 13), kernel=(3, 3), in_channels=48, out_channels=48,
+                    groups=48, attrs=dict(strides=[2, 2], pads_begin=[1, 1],
+                                          pads_end=[1, 0])),
+    # stride 1 along w: the sliding tiles' runs, which tiles take where the result streams
+    "sliding": dict(spatial=(5, 30), kernel=(2, 3), in_channels=32, out_channels=32,
+                    groups=32, attrs=dict(dilations=[1, 2], pads_begin=[1, 2],
+                                          pads_end=[0, 1])),
+    # 3-D, one line of channels
+    "3d": dict(spatial=(3, 4, 5), kernel=(2, 3, 3), in_channels=16, out_channels=16,
+               groups=16, attrs=dict(strides=[1, 2, 1], pads_begin=1, pads_end=[0, 1, 1])),
+    # across groups, 2 channels per group spread to the lanes
+    "groups": dict(spatial=(6, 9), kernel=(3, 3), in_channels=16, out_channels=16, groups=8,
+                   attrs=dict(pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geometry,op", [  # each runs both ops, in turn
+    (geometry, ("ConvolutionBackwardData", "ConvTransposeBackwardData")[g % 2])
+    for g, geometry in enumerate(sorted(STREAM_GEOMETRY))])
+def test_depthwise_results_stream_past_the_caches(isa, geometry, op):
+    """Depthwise and across-group data gradients store results of at least stream_kb
+    with non-temporal stores, in whole cache lines, on 1 and 2 threads; a result that
+    does not start on a cache line takes ordinary stores. Both exact."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import stream_min_bytes
+
+    case = make_case(op, **STREAM_GEOMETRY[geometry], batch=2, seed=4)
+    plan = {"stream_kb": 1, "group_lanes": 1} if geometry == "groups" else {"stream_kb": 1}
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     "f32").config.with_isa(isa)
+    assert (stream_min_bytes(config, plan) == 1024) == (isa != "portable")
+    run_streamed(case, plan, isa)
+
+
+def run_streamed(case, plan, isa):
+    """Runs `case` (f32, a result of at least 1 KB) with a forced plan on 1 and 2 threads
+    into a result on a cache line, and on 2 into one a float past it; checks the bits."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    a, b = case.inputs[:2]
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "f32")
+    kernel = kernels.get_kernel(problem.config.with_isa(isa), plan)
+    first, second = (b, a) if problem.swap_inputs else (a, b)
+    size = int(np.prod(problem.output_shape))
+    assert size * 4 >= 1024
+    for threads, offset in ((1, 0), (2, 0), (2, 1)):  # offset: floats past a line
+        dims = kernels.dims_of(problem, threads)
+        block = kernels.empty_output((size + 1,), np.float32)
+        out = block[offset:offset + size].reshape(problem.output_shape)
+        out[...] = np.nan
+        kernels.call(kernel, problem, dims, first, second, out,
+                     np.empty(kernel.workspace_size(dims), np.uint8))
+        assert_exact(case, out)
+
+
 NCX_WEIGHT_GEOMETRY = {
     # 1x1 stride 1 without pads: each image's pixels are one run of every channel
     "pointwise": dict(spatial=(5, 7), kernel=(1, 1), batch=3, groups=1),

@@ -171,6 +171,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                                dtype=dtype), num_threads=2)
     run_with_plan(make_case("ConvolutionBackwardData", **GROUP_LANES_GEOMETRY["1x6"]),
                   {{"group_lanes": 1, "spread_whole_mb": 0}}, convgrad.cpu.available_isas()[0], 3)
+    # depthwise results stored past the caches (and, a float off a line, not)
+    from test_ops import STREAM_GEOMETRY, run_streamed
+    run_streamed(make_case("ConvolutionBackwardData", **STREAM_GEOMETRY["strided"], batch=2),
+                 {{"stream_kb": 1}}, convgrad.cpu.available_isas()[0])
     # NCX data gradients a block of images at a time (one per thread; the last block
     # short), padded rows in the block's copy
     from test_ops import IMAGE_BLOCK_GEOMETRY
