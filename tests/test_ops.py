@@ -247,14 +247,20 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("spatial,batch", [((5, 7), 2), ((40, 33), 3)])
-def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, monkeypatch):
-    """Depthwise weight gradients: threads share (row block, channel block) pairs, so a
-    small image with many channels (one row block) runs on several; exact and the same
-    bits on 1, 2 and 3 threads (200 channels: several vector blocks and a tail)."""
+@pytest.mark.parametrize("spatial,batch,kernel,channels", [
+    ((5, 7), 2, (3, 3), 200),
+    ((40, 33), 3, (3, 3), 200),  # 8 row blocks
+    ((6, 90), 1, (5, 5), 300),   # one row block, enough work for 2 and 3 threads
+])
+def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, kernel, channels,
+                                                        monkeypatch):
+    """Depthwise weight gradients: threads share (row block, part of the channel blocks)
+    pairs, so a small image with many channels (one row block) runs on several, its
+    channel blocks in parts; exact and the same bits on 1, 2 and 3 threads (200 and 300
+    channels: several vector blocks and a tail)."""
     monkeypatch.setenv("CONVGRAD_ISA", isa)
-    case = make_case("ConvolutionBackwardWeights", spatial=spatial, kernel=(3, 3), groups=200,
-                     in_channels=200, out_channels=200, batch=batch,
+    case = make_case("ConvolutionBackwardWeights", spatial=spatial, kernel=kernel,
+                     groups=channels, in_channels=channels, out_channels=channels, batch=batch,
                      attrs=dict(pads_begin=1, pads_end=1), seed=5)
     for threads in (1, 2, 3):
         run_with_plan(case, {}, isa, threads)
@@ -861,6 +867,9 @@ STREAM_GEOMETRY = {
     # 3-D, one line of channels
     "3d": dict(spatial=(3, 4, 5), kernel=(2, 3, 3), in_channels=16, out_channels=16,
                groups=16, attrs=dict(strides=[1, 2, 1], pads_begin=1, pads_end=[0, 1, 1])),
+    # enough multiply-adds for 2 threads (MIN_THREAD_FLOPS): each streams its rows
+    "threads": dict(spatial=(24, 40), kernel=(3, 3), in_channels=128, out_channels=128,
+                    groups=128, attrs=dict(pads_begin=1, pads_end=1)),
     # across groups, 2 channels per group spread to the lanes
     "groups": dict(spatial=(6, 9), kernel=(3, 3), in_channels=16, out_channels=16, groups=8,
                    attrs=dict(pads_begin=1, pads_end=1)),
