@@ -895,6 +895,32 @@ def test_depthwise_results_stream_past_the_caches(isa, geometry, op):
     run_streamed(case, plan, isa)
 
 
+
+def test_streaming_is_planned_for_depthwise_f32_channels_last_data_only():
+    """The planner (no CPU needed): depthwise (and across-group) f32 NXC data gradients
+    whose channels fill whole cache lines stream results of STREAM_MIN_KB, on avx2 in
+    blocks of 4 vectors (2 lines); never weights, f16/bf16, NCX, channel counts off a
+    line, the portable path, or stream_kb=0, which keeps the 3-vector rule on avx2."""
+    from convgrad.codegen.plan import STREAM_MIN_KB, direct_tiles, stream_min_bytes
+
+    def config(family="bwd_data", groups=64, cin=1, cout=1, fmt="NXC", dtype="f32",
+               isa="avx2"):
+        return KernelConfig(family, (3, 3), (2, 2), (1, 1), groups, cin, cout, fmt, "XIO",
+                            dtype, isa)
+
+    for streams in (config(), config(isa="avx512"), config(family="fwd"),
+                    config(groups=16, cin=4, cout=2)):  # across groups: 16 x 4 lanes
+        plan = {"group_lanes": 1} if streams.cin_per_group > 1 else {}
+        assert stream_min_bytes(streams, plan) == STREAM_MIN_KB * 1024
+    assert direct_tiles(config())["vec_block"] == 4
+    assert direct_tiles(config(), {"stream_kb": 0})["vec_block"] == 3
+    assert stream_min_bytes(config(), {"stream_kb": 0}) == 0
+    for never in (config(family="bwd_weights"), config(dtype="bf16"), config(fmt="NCX"),
+                  config(groups=72), config(isa="portable")):
+        assert stream_min_bytes(never) == 0
+    assert stream_min_bytes(config(), {"vec_block": 3}) == 0  # blocks off a line
+
+
 def run_streamed(case, plan, isa):
     """Runs `case` (f32, a result of at least 1 KB) with a forced plan on 1 and 2 threads
     into a result on a cache line, and on 2 into one a float past it; checks the bits."""
