@@ -49,9 +49,10 @@ import convgrad
 from convgrad import api, kernels, tuning
 from convgrad.codegen import KernelConfig, generator_version
 from convgrad.codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn
+from convgrad.codegen.plan import vendor_plan
 from convgrad.codegen.targets import host
 from convgrad.compiler import compile_objects, compiler_identity
-from convgrad.cpu import available_isas, cpu_model, selected_isa
+from convgrad.cpu import available_isas, cpu_features, cpu_model, cpu_vendor, selected_isa
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -496,10 +497,12 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
 def tuned_plan_text(layer: Layer, threads: int) -> str:
     """The plan tuned for a layer at a thread count ("rules" where none beat them)."""
     problem = layer.resolve()
-    record = tuning.find(problem.config.with_isa(selected_isa()), tuning.sizes_of(problem),
-                         threads)
+    config = problem.config.with_isa(selected_isa())
+    record = tuning.find(config, tuning.sizes_of(problem), threads)
     plan = record["plan"] if record else {}
-    return ";".join(f"{k}={v}" for k, v in sorted(plan.items())) or "rules"
+    if plan == vendor_plan(config, cpu_vendor(), cpu_features()):  # the untuned kernel's
+        return "rules"
+    return ";".join(f"{k}={v}" for k, v in sorted(plan.items()))
 
 
 # --------------------------------------------------------------------------- overheads

@@ -1305,14 +1305,18 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
     return found
 
 
-def candidates(config: KernelConfig, vendor: str = "") -> list[dict[str, int]]:
+def candidates(config: KernelConfig, vendor: str = "",
+               features: Iterable[str] | None = None) -> list[dict[str, int]]:
     """The plans a tuner times for this configuration on a CPU of `vendor`: the rules'
     plan there first (vendor_plan), then up to MAX_CANDIDATES - 1 variations that each
-    render different C."""
-    first = vendor_plan(config, vendor)
+    render different C. With `features` (a tuning for this CPU alone, as vendor_plan's),
+    and no AMX among them, every plan leaves the AMX path out: it would never run."""
+    first = vendor_plan(config, vendor, features)
     found = [first]
     seen = [_spelling(config, first)]
     for plan in [{}, *_variations(config, vendor)]:
+        if first.get("amx") == 0 and amx_tiles(config, plan)["amx"]:
+            plan = {**plan, "amx": 0}
         spelling = _spelling(config, plan)
         if spelling not in seen:
             found.append(plan)

@@ -42,7 +42,7 @@ from convgrad import cache, kernels
 from convgrad.codegen import KernelConfig, Problem, generator_version
 from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name, plan_key
 from convgrad.codegen.targets import host
-from convgrad.cpu import cpu_model, cpu_vendor
+from convgrad.cpu import cpu_features, cpu_model, cpu_vendor
 from convgrad.threads import get_num_threads
 
 log = logging.getLogger("convgrad")
@@ -218,7 +218,8 @@ def tune_problem(problem: Problem, config: KernelConfig, threads: int,
                  plans: Sequence[dict] | None = None) -> dict:
     """Times the candidate plans of `config` at the problem's sizes on `threads`
     threads, on `arrays` (the op's two data inputs), and returns the winner's record."""
-    plans = list(plans) if plans is not None else candidates(config, cpu_vendor())
+    if plans is None:  # this CPU's: without AMX where it has none (as the untuned kernel)
+        plans = candidates(config, cpu_vendor(), cpu_features())
     compiled = compile_candidates([(config, plan) for plan in plans], jobs=jobs)
     return time_candidates(problem, config, threads, compiled, arrays,
                            min_time=min_time, rounds=rounds)

@@ -160,6 +160,14 @@ def test_kernels_built_for_a_cpu_without_amx_leave_it_out(fresh_cache):
     for other in (carries.with_isa("avx512"), _config("bwd_weights", (3, 3), 64, 48,
                                                       dtype="bf16", isa="avx512bf16")):
         assert not amx_tiles(other)["amx"] and vendor_plan(other, "AuthenticAMD", zen4) == {}
+    # a lazy tuning's candidates are this CPU's too: each that would carry AMX leaves it
+    # out, the first is the untuned kernel's plan; without features (AOT) they keep it
+    for vendor in ("AuthenticAMD", "GenuineIntel"):
+        lazy = candidates(carries, vendor, zen4)
+        assert lazy[0] == vendor_plan(carries, vendor, zen4) and len(lazy) > 2
+        assert not any(amx_tiles(carries, plan)["amx"] for plan in lazy)
+        assert any(amx_tiles(carries, plan)["amx"] for plan in candidates(carries, vendor))
+        assert candidates(carries, vendor, zen4 | AMX_FEATURES) == candidates(carries, vendor)
     if "avx512bf16" in ISAS:
         has_amx = convgrad.cpu.cpu_features() >= AMX_FEATURES
         assert kernels.get_kernel(carries).plan.get("amx", 1) == int(has_amx)
