@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import itertools
 import json
 import math
 import os
@@ -494,6 +495,43 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
     return rows
 
 
+def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
+    """One row per (layer, op, threads) from rounds of the same rows: the median time of
+    each library over the rounds, and the median of the rounds' ratios (a slow spell of
+    the machine within one round moves one ratio, not the median); the first round's
+    first call and checks, the calls of all rounds."""
+    if len(rounds) == 1:
+        return rounds[0]
+
+    def median(values: list[float | None]) -> float | None:
+        present = [v for v in values if v is not None]
+        return statistics.median(present) if present else None
+
+    merged = []
+    for same in zip(*rounds, strict=True):
+        row = replace(same[0])
+        for name in ("ours", "torch"):
+            ms = median([getattr(r, f"{name}_ms") for r in same])
+            setattr(row, f"{name}_calls", sum(getattr(r, f"{name}_calls") for r in same))
+            setattr(row, f"{name}_ms", ms)
+            if ms is not None:
+                flops = row.flops if name == "ours" else row.torch_flops
+                gflops = flops / ms / 1e6
+                setattr(row, f"{name}_gflops", gflops)
+                peak_share = same[0].ours_pct_peak if name == "ours" else same[0].torch_pct_peak
+                if peak_share is not None:  # the same peak in every round
+                    old = getattr(same[0], f"{name}_gflops")
+                    setattr(row, f"{name}_pct_peak", peak_share * gflops / old)
+        row.ratio = median([r.ratio for r in same])
+        row.tuned_gain = median([r.tuned_gain for r in same])
+        if row.tuned_gain is not None:
+            row.tuned_ms = row.ours_ms / row.tuned_gain
+            row.tuned_gflops = row.ours_gflops * row.tuned_gain
+            row.tuned_ratio = row.ratio * row.tuned_gain if row.ratio else None
+        merged.append(row)
+    return merged
+
+
 def tuned_plan_text(layer: Layer, threads: int) -> str:
     """The plan tuned for a layer at a thread count ("rules" where none beat them)."""
     problem = layer.resolve()
@@ -706,6 +744,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "[O][I][k...]), XIO the ops' default (default XIO)")
     parser.add_argument("--min-time", type=float, default=0.3,
                         help="seconds of calls per timing, at least 3 calls (default 0.3)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every case this many times, one round of all cases after "
+                             "another, and report medians (default 1)")
     parser.add_argument("--limit", type=int, default=None,
                         help="only the first N shapes of each set")
     parser.add_argument("--layers", default=None,
@@ -809,15 +850,18 @@ def main(argv: list[str] | None = None) -> int:
               f"GFLOP/s / PyTorch GFLOP/s\n", flush=True)
 
         rng = np.random.default_rng(0)
-        rows: list[Row] = []
-        for shape_set, conv in shapes:
-            for op in args.ops:
-                case = prepare(conv, op, shape_set, args, rng)
-                rows += run_case(case, args.threads, args, peak)
-                for row in rows[-len(args.threads):]:
-                    print(f"  {row.layer} {row.op} x{row.threads}: ours "
+        rounds: list[list[Row]] = []
+        for number in range(args.rounds):
+            rounds.append([])
+            for (shape_set, conv), op in itertools.product(shapes, args.ops):
+                case = prepare(conv, op, shape_set, args, rng)  # one case's arrays at a time
+                rounds[-1] += run_case(case, args.threads, args, peak)
+                for row in rounds[-1][-len(args.threads):]:
+                    print(f"  {f'round {number + 1}: ' if args.rounds > 1 else ''}"
+                          f"{row.layer} {row.op} x{row.threads}: ours "
                           f"{_fmt(row.ours_gflops, 2)}, torch {_fmt(row.torch_gflops, 2)} "
                           f"GFLOP/s", file=sys.stderr, flush=True)
+        rows = merge_rounds(rounds)
 
     means = geomeans(rows)
     print(table(rows))

@@ -60,3 +60,34 @@ def test_tuned_plans_are_paired_with_the_rules_apart_from_torch(tmp_path, monkey
     assert gain > 0 and row["tuned_plan"]
     assert float(row["tuned_gflops"]) == pytest.approx(float(row["ours_gflops"]) * gain)
     assert float(row["tuned_ratio"]) == pytest.approx(float(row["ratio"]) * gain)
+
+
+def test_rounds_report_the_median_of_each_row():
+    """--rounds N: each (layer, op, threads) row takes the median of each library's
+    times and of the rounds' ratios; calls add up, the first round's first call stays."""
+    def row(ours_ms, torch_ms, first=None):
+        ours, theirs = 2e6 / ours_ms / 1e6, 2e6 / torch_ms / 1e6
+        return bench.Row("s", "layer", "data", 1, 8, "f32", "NXC", flops=2_000_000,
+                         torch_flops=2_000_000, ours_ms=ours_ms, torch_ms=torch_ms,
+                         ours_gflops=ours, torch_gflops=theirs, ratio=ours / theirs,
+                         ours_calls=3, torch_calls=4, ours_pct_peak=ours, first_call_ms=first)
+
+    rounds = [[row(1.0, 2.0, first=300.0)], [row(4.0, 2.0)], [row(2.0, 1.0)]]
+    (merged,) = bench.merge_rounds(rounds)
+    assert merged.ours_ms == 2.0 and merged.torch_ms == 2.0
+    assert merged.ratio == 0.5  # the rounds' ratios 2, 0.5, 0.5 (not 2.0 / 2.0)
+    assert merged.ours_gflops == 1.0 and merged.torch_gflops == 1.0
+    assert merged.ours_pct_peak == 1.0  # scaled with the median GFLOP/s
+    assert (merged.ours_calls, merged.torch_calls, merged.first_call_ms) == (9, 12, 300.0)
+    assert bench.merge_rounds(rounds[:1]) == rounds[0]
+
+
+def test_rounds_run_every_case_again(tmp_path, capsys):
+    """A run of two rounds times each case twice and writes one row per case."""
+    status = bench.main(["--set", "resnet50", "--limit", "1", "--threads", "1", "--ops",
+                         "data", "--min-time", "0.01", "--batch", "1", "--rounds", "2",
+                         "--out", str(tmp_path)])
+    assert status == 0
+    assert capsys.readouterr().err.count("round 2: ") == 1
+    (row,) = csv.DictReader((tmp_path / "results.csv").open())
+    assert int(row["ours_calls"]) >= 6 and not row["note"].startswith("MISMATCH")
