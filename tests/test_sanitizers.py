@@ -157,11 +157,12 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardWeights", **DOT_WEIGHT_GEOMETRY[name],
                                 data_format="NCX"), {{"ncx_dot": 1}},
                       convgrad.cpu.available_isas()[0], 2)
-    # depthwise weights, a sliding window of src columns (dilated, a channel tail)
+    # depthwise weights, a sliding window of src columns (dilated, a channel tail), each
+    # row's vector blocks in turn
     run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(5, 30), kernel=(3, 3),
                             in_channels=44, out_channels=44, groups=44, batch=2,
                             attrs=dict(dilations=[1, 2], pads_begin=1, pads_end=[1, 2])),
-                  {{"slide": 1}}, convgrad.cpu.available_isas()[0], 2)
+                  {{"slide": 1, "row_vb_inner": 1}}, convgrad.cpu.available_isas()[0], 2)
     # across groups, an operand spread; 1x6: whole loads of partial vectors but in src's
     # last row
     from test_ops import GROUP_LANES_GEOMETRY
