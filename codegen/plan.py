@@ -27,6 +27,8 @@ PLAN_CHOICES = {
     "overlap_runs": "data gradients: 1 runs each w tap over all the columns it reaches "
                     "(runs overlap), 0 cuts rows into runs of the columns the same taps reach",
     "point_vb_inner": "1x1 data gradients: 1 runs a pixel block's vector blocks together",
+    "pixel_sweep": "depthwise weight gradients: 1 sweeps all channels of a pixel at once, "
+                   "sums in L1; 0 register tiles of a vector block",
     "row_vb_inner": "data gradients by rows, depthwise weight gradients: 1 runs each "
                     "row's vector blocks together (its input read once per pass), 0 each "
                     "vector block over every row",
@@ -838,6 +840,14 @@ DEPTHWISE_WEIGHT_SLIDE = 8
 # -> 0.19-0.21; 512 on 14x14 and 256 on 28x28 (stride 2) unchanged; 32 on 112x112
 # 1.84-1.87 -> 2.07-2.10 (1 thread).
 DEPTHWISE_ROW_VB_INNER_BYTES = 1024
+# ...and with stride along w, where a vector block is not all the channels, each row
+# sweeps every channel of a pixel at once with its sums in L1 (plan pixel_sweep,
+# depthwise_sweep.h.j2): strided tiles read each pixel in several passes, part of its
+# lines each. Zen 4, MobileNet batch 8, caches flushed, tiles -> sweep, 1 / 2 threads:
+# 64 ch on 112x112 stride 2 avx2 3.9 -> 2.4 / 1.95 -> 1.22 ms; 256 ch on 28x28 stride
+# 2 avx2 1.18 -> 0.65 / 0.63 -> 0.42, avx512 0.67 -> 0.57 / 0.49 -> 0.38. Not where one
+# block holds every channel (64 ch avx512: 1.80 -> 2.16, 0.94 -> 1.15) nor with
+# stride 1 (32 ch on 112x112 avx2: 1.87 -> 2.97).
 
 
 def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -855,10 +865,14 @@ def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_
     block = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
                        budget // per_vector))
     last = _last_part(vectors, block)
-    return {"vec_block": block, "vec_last": last, "row_vecs": sorted({block, last}),
+    sweep = bool(plan.get("pixel_sweep", config.strides[-1] > 1 and vectors > block)
+                 ) and not slide
+    return {"vec_block": block, "vec_last": last,
+            "row_vecs": [] if sweep else sorted({block, last}),  # register tiles
             "max_unrolled_taps": MAX_UNROLLED_TAPS,
             "row_vb_inner": bool(plan.get(
                 "row_vb_inner", config.groups * 4 >= DEPTHWISE_ROW_VB_INNER_BYTES)),
+            "pixel_sweep": sweep,
             "slide_pixels": DEPTHWISE_WEIGHT_SLIDE if slide else 0}
 
 
@@ -1250,8 +1264,10 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
             slides = depthwise_weight_rows(config, {"slide": 1})["slide_pixels"]
             rows = depthwise_weight_rows(config)
             flip = ([{"row_vb_inner": int(not rows["row_vb_inner"])}]
-                    if -(-config.groups // VECTOR_LANES[isa]) > rows["vec_block"] else [])
-            return [*flip, *([{"slide": 1}] if slides else [])]
+                    if -(-config.groups // VECTOR_LANES[isa]) > rows["vec_block"]
+                    and not rows["pixel_sweep"] else [])
+            return [*flip, {"pixel_sweep": int(not rows["pixel_sweep"])},
+                    *([{"slide": 1}] if slides else [])]
         flip = ([{"group_lanes": int(not weights_across_groups(config)["group_lanes"])}]
                 if weights_across_groups_eligible(config) else [])
         if weights_across_groups(config)["group_lanes"]:

@@ -247,21 +247,29 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("spatial,batch,kernel,channels", [
-    ((5, 7), 2, (3, 3), 200),
-    ((40, 33), 3, (3, 3), 200),  # 8 row blocks
-    ((6, 90), 1, (5, 5), 300),   # one row block, enough work for 2 and 3 threads
+@pytest.mark.parametrize("spatial,batch,kernel,channels,stride", [
+    ((5, 7), 2, (3, 3), 200, 1),
+    ((40, 33), 3, (3, 3), 200, 1),  # 8 row blocks
+    ((6, 90), 1, (5, 5), 300, 1),   # one row block, enough work for 2 and 3 threads
+    ((12, 90), 2, (5, 5), 300, 2),  # the same, rows that sweep whole pixels (stride 2)
 ])
 def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, kernel, channels,
-                                                        monkeypatch):
+                                                        stride, monkeypatch):
     """Depthwise weight gradients: threads share (row block, part of the channel blocks)
     pairs, so a small image with many channels (one row block) runs on several, its
     channel blocks in parts; exact and the same bits on 1, 2 and 3 threads (200 and 300
-    channels: several vector blocks and a tail)."""
+    channels: several vector blocks and a tail). With stride along w each row sweeps a
+    part's channels pixel by pixel (pixel_sweep); without, register tiles."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import depthwise_weight_rows
+
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case("ConvolutionBackwardWeights", spatial=spatial, kernel=kernel,
                      groups=channels, in_channels=channels, out_channels=channels, batch=batch,
-                     attrs=dict(pads_begin=1, pads_end=1), seed=5)
+                     attrs=dict(strides=[1, stride], pads_begin=1, pads_end=1), seed=5)
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     "f32").config.with_isa(isa)
+    assert depthwise_weight_rows(config)["pixel_sweep"] == (stride > 1)
     for threads in (1, 2, 3):
         run_with_plan(case, {}, isa, threads)
 
