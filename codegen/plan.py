@@ -840,14 +840,17 @@ DEPTHWISE_WEIGHT_SLIDE = 8
 # -> 0.19-0.21; 512 on 14x14 and 256 on 28x28 (stride 2) unchanged; 32 on 112x112
 # 1.84-1.87 -> 2.07-2.10 (1 thread).
 DEPTHWISE_ROW_VB_INNER_BYTES = 1024
-# ...and with stride along w, where a vector block is not all the channels, each row
-# sweeps every channel of a pixel at once with its sums in L1 (plan pixel_sweep,
-# depthwise_sweep.h.j2): strided tiles read each pixel in several passes, part of its
-# lines each. Zen 4, MobileNet batch 8, caches flushed, tiles -> sweep, 1 / 2 threads:
-# 64 ch on 112x112 stride 2 avx2 3.9 -> 2.4 / 1.95 -> 1.22 ms; 256 ch on 28x28 stride
-# 2 avx2 1.18 -> 0.65 / 0.63 -> 0.42, avx512 0.67 -> 0.57 / 0.49 -> 0.38. Not where one
-# block holds every channel (64 ch avx512: 1.80 -> 2.16, 0.94 -> 1.15) nor with
-# stride 1 (32 ch on 112x112 avx2: 1.87 -> 2.97).
+# ...and with stride along w, where a vector block is not all the channels and takes
+# part of a cache line (avx2's 3 vectors: 96 bytes), each row sweeps every channel of a
+# pixel at once with its sums in L1 (plan pixel_sweep, depthwise_sweep.h.j2): strided
+# tiles read each pixel in several passes, part of its lines each. Zen 4, MobileNet batch
+# 8, caches flushed, tiles -> sweep, 1 / 2 threads: 64 ch on 112x112 stride 2 avx2 3.9 ->
+# 2.4 / 1.95 -> 1.22 ms; 256 ch on 28x28 stride 2 avx2 1.18 -> 0.65 / 0.63 -> 0.42. In
+# the benchmark (PyTorch between calls) avx2's 64 ch ran 7.4 -> 11.7 / 15.1 -> 23.2
+# GFLOP/s, but avx512's 256 ch (blocks of 4 whole lines) 34.0 -> 25.3 / 47.4 -> 38.5;
+# alone and cold it had gained (0.67 -> 0.57 ms). Not where one block holds every
+# channel (64 ch avx512: 1.80 -> 2.16, 0.94 -> 1.15), nor with stride 1 (32 ch on
+# 112x112 avx2: 1.87 -> 2.97).
 
 
 def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -865,8 +868,9 @@ def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_
     block = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
                        budget // per_vector))
     last = _last_part(vectors, block)
-    sweep = bool(plan.get("pixel_sweep", config.strides[-1] > 1 and vectors > block)
-                 ) and not slide
+    partial_lines = block * lanes % LINE_FLOATS != 0  # a vector block's part of a pixel
+    sweep = bool(plan.get("pixel_sweep", config.strides[-1] > 1 and vectors > block
+                          and partial_lines)) and not slide
     return {"vec_block": block, "vec_last": last,
             "row_vecs": [] if sweep else sorted({block, last}),  # register tiles
             "max_unrolled_taps": MAX_UNROLLED_TAPS,

@@ -173,9 +173,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     run_with_plan(make_case("ConvolutionBackwardData", **GROUP_LANES_GEOMETRY["1x6"]),
                   {{"group_lanes": 1, "spread_whole_mb": 0}}, convgrad.cpu.available_isas()[0], 3)
     # depthwise weights with stride: rows sweep whole pixels, a channel tail
-    run_case(make_case("ConvolutionBackwardWeights", spatial=(6, 21), kernel=(3, 3),
-                       in_channels=72, out_channels=72, groups=72, batch=2,
-                       attrs=dict(strides=[1, 2], pads_begin=1, pads_end=1)), num_threads=2)
+    run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(6, 21), kernel=(3, 3),
+                            in_channels=72, out_channels=72, groups=72, batch=2,
+                            attrs=dict(strides=[1, 2], pads_begin=1, pads_end=1)),
+                  {{"pixel_sweep": 1}}, convgrad.cpu.available_isas()[0], 2)
     # depthwise results stored past the caches (and, a float off a line, not)
     from test_ops import STREAM_GEOMETRY, run_streamed
     run_streamed(make_case("ConvolutionBackwardData", **STREAM_GEOMETRY["strided"], batch=2),
