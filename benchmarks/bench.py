@@ -495,11 +495,12 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
     return rows
 
 
-def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
+def merge_rounds(rounds: list[list[Row]], peak: float) -> list[Row]:
     """One row per (layer, op, threads) from rounds of the same rows: the median time of
-    each library over the rounds, and the median of the rounds' ratios (a slow spell of
-    the machine within one round moves one ratio, not the median); the first round's
-    first call and checks, the calls of all rounds."""
+    each library over the rounds (its share of `peak`, GFLOP/s per core, from that), and
+    the median of the rounds' ratios (a slow spell of the machine within one round moves
+    one ratio, not the median); the first round's first call and checks, the calls of all
+    rounds."""
     if len(rounds) == 1:
         return rounds[0]
 
@@ -518,10 +519,7 @@ def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
                 flops = row.flops if name == "ours" else row.torch_flops
                 gflops = flops / ms / 1e6
                 setattr(row, f"{name}_gflops", gflops)
-                peak_share = same[0].ours_pct_peak if name == "ours" else same[0].torch_pct_peak
-                if peak_share is not None:  # the same peak in every round
-                    old = getattr(same[0], f"{name}_gflops")
-                    setattr(row, f"{name}_pct_peak", peak_share * gflops / old)
+                setattr(row, f"{name}_pct_peak", 100 * gflops / (peak * row.threads))
         row.ratio = median([r.ratio for r in same])
         row.tuned_gain = median([r.tuned_gain for r in same])
         if row.tuned_gain is not None:
@@ -861,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{row.layer} {row.op} x{row.threads}: ours "
                           f"{_fmt(row.ours_gflops, 2)}, torch {_fmt(row.torch_gflops, 2)} "
                           f"GFLOP/s", file=sys.stderr, flush=True)
-        rows = merge_rounds(rounds)
+        rows = merge_rounds(rounds, peak)
 
     means = geomeans(rows)
     print(table(rows))

@@ -448,14 +448,18 @@ def vendor_plan(config: KernelConfig, vendor: str,
     return plan
 
 
+def _lane_channels(config: KernelConfig) -> int:
+    """The channels a kernel across the groups (depthwise.c.j2) runs its lanes over: every
+    channel of the result (a depthwise layer's vector_channels already are)."""
+    return config.vector_channels * (1 if config.depthwise else config.groups)
+
+
 def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
     lanes = VECTOR_LANES[config.isa]
     across = config.depthwise or data_across_groups(config, plan)  # lanes over all groups
-    channels = config.vector_channels  # a depthwise layer's: every group's
-    if across and not config.depthwise:
-        channels *= config.groups
+    channels = _lane_channels(config) if across else config.vector_channels
     vectors = -(-channels // lanes)
     rule = MAX_VECTOR_BLOCK[config.isa]
     if _wide_vector_block(config, across):
@@ -1039,11 +1043,10 @@ def _may_stream(config: KernelConfig, plan: Mapping[str, int]) -> bool:
     pixel (channels a multiple of a line), with non-temporal stores (x86). (Its sliding
     tiles, which store one vector of each pixel at a time, then run only on results
     that do not stream.)"""
-    channels = config.vector_channels * (1 if config.depthwise else config.groups)
     return (config.family != "bwd_weights" and config.dtype == "f32"
             and (config.depthwise or data_across_groups(config, plan))
             and config.data_format == "NXC"
-            and SIMD[config.isa] != "generic" and channels % LINE_FLOATS == 0
+            and SIMD[config.isa] != "generic" and _lane_channels(config) % LINE_FLOATS == 0
             and plan.get("stream_kb", STREAM_MIN_KB) > 0)
 
 

@@ -71,15 +71,16 @@ def test_rounds_report_the_median_of_each_row():
                          torch_flops=2_000_000, ours_ms=ours_ms, torch_ms=torch_ms,
                          ours_gflops=ours, torch_gflops=theirs, ratio=ours / theirs,
                          ours_calls=3, torch_calls=4, ours_pct_peak=ours, first_call_ms=first)
+    # a peak of 100 GFLOP/s per core: a share of peak in % equal to the GFLOP/s
 
     rounds = [[row(1.0, 2.0, first=300.0)], [row(4.0, 2.0)], [row(2.0, 1.0)]]
-    (merged,) = bench.merge_rounds(rounds)
+    (merged,) = bench.merge_rounds(rounds, 100.0)
     assert merged.ours_ms == 2.0 and merged.torch_ms == 2.0
     assert merged.ratio == 0.5  # the rounds' ratios 2, 0.5, 0.5 (not 2.0 / 2.0)
     assert merged.ours_gflops == 1.0 and merged.torch_gflops == 1.0
-    assert merged.ours_pct_peak == 1.0  # scaled with the median GFLOP/s
+    assert merged.ours_pct_peak == 1.0  # from the median GFLOP/s
     assert (merged.ours_calls, merged.torch_calls, merged.first_call_ms) == (9, 12, 300.0)
-    assert bench.merge_rounds(rounds[:1]) == rounds[0]
+    assert bench.merge_rounds(rounds[:1], 100.0) == rounds[0]
 
 
 def test_rounds_run_every_case_again(tmp_path, capsys):
