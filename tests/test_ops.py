@@ -1159,6 +1159,39 @@ def test_ncx_bf16_pixel_pairs_transposed(geometry, op):
         run_with_plan(case, {}, "avx512bf16", threads)
 
 
+BF16_CHANNEL_PAIR_GEOMETRY = {
+    # 63 pixels: one block of 32 and a tail of 31; 40 reduced channels: two vectors of 16
+    # and a tail of 8 (the 1x1 layers of ResNet-50 in miniature)
+    "1x1": dict(spatial=(7, 9), kernel=(1, 1), in_channels=24, out_channels=40),
+    # exactly two blocks of 32 pixels and two vectors of channels: no tails
+    "1x1 whole blocks": dict(spatial=(8, 8), kernel=(1, 1), in_channels=16, out_channels=32),
+    # two groups of 18 reduced channels each: the pairs are still the channels-last input
+    "3x3 groups": dict(spatial=(5, 13), kernel=(3, 3), in_channels=20, out_channels=36,
+                       groups=2, attrs=dict(pads_begin=1, pads_end=[0, 2])),
+    # 5 reduced channels per group: a zero partner ends each group, so value by value
+    "odd groups": dict(spatial=(6, 11), kernel=(1, 3), in_channels=9, out_channels=15,
+                       groups=3, attrs=dict(pads_begin=[0, 1], pads_end=[0, 1])),
+}
+
+
+@pytest.mark.skipif("avx512bf16" not in ISAS, reason="this CPU has no vdpbf16ps")
+@pytest.mark.parametrize("geometry", sorted(BF16_CHANNEL_PAIR_GEOMETRY))
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+def test_ncx_bf16_channel_pairs_transposed(geometry, op):
+    """NCX bf16 data gradients with vdpbf16ps copy their input as channel pairs: an even
+    count per group is the input channels-last, 2 x VL pixels x VL channels at a time
+    through register transposes, the last pixels and channels value by value; an odd
+    count pads each group with a zero. Exact with tails, groups and pads, on 1 to 3
+    threads, with the whole batch or one image at a time copied (AMX off: the pairs are
+    its own copy)."""
+    case = make_case(op, **BF16_CHANNEL_PAIR_GEOMETRY[geometry], batch=3, data_format="NCX",
+                     dtype="bf16", seed=29)
+    for threads in (1, 2, 3):
+        for image_block_kb in (0, 1):
+            run_with_plan(case, {"amx": 0, "image_block_kb": image_block_kb}, "avx512bf16",
+                          threads)
+
+
 def test_image_blocks_by_rule():
     """The planner (pure: no CPU needed) blocks images in channels-first data gradients
     (IMAGE_BLOCK_BYTES of copies per thread, f32 or bf16 pairs; 0 in a plan: the whole

@@ -108,6 +108,11 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardWeights", **geometry, batch=2,
                                 data_format="NCX", dtype="bf16"), {{}},
                       convgrad.cpu.available_isas()[0], 2)
+    from test_ops import BF16_CHANNEL_PAIR_GEOMETRY  # and data gradients' channel pairs
+    for geometry in BF16_CHANNEL_PAIR_GEOMETRY.values():
+        run_with_plan(make_case("ConvolutionBackwardData", **geometry, batch=2,
+                                data_format="NCX", dtype="bf16"), {{"amx": 0}},
+                      convgrad.cpu.available_isas()[0], 2)
     from test_ops import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
