@@ -52,7 +52,8 @@ PLAN_CHOICES = {
     "group_lanes": "grouped layers: 1 vectorises across the groups (lanes over every "
                    "channel of the vectorised side), 0 over one group's channels",
     "image_block_kb": "NCX data gradients: KB of input (f32, or bf16 pairs) and f32 result "
-                      "copies per block of images (0: the whole batch at once)",
+                      "copies per block of images; bf16 weight gradients with vdpbf16ps: KB "
+                      "of src and diff_dst pair copies per block (0: the whole batch at once)",
     "spread_whole_mb": "data gradients across groups: MB of spread input up to which it is "
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
@@ -328,6 +329,15 @@ PAD_MIN_FMAS = 1024
 # through memory twice (bf16 pairs, Sapphire Rapids avx512bf16, ResNet-50 batch 8, pair
 # ratios blocks / whole batch: geomean 1.067 on 1 thread, 1.031 on 2, 0.986-1.27).
 IMAGE_BLOCK_BYTES = 1 << 20
+# ...and bf16 weight gradients with vdpbf16ps copy src and diff_dst into pixel pairs a
+# block of images at a time, the tiles summing block after block (the block depends on
+# the sizes only, so results do not depend on the thread count): the pairs then stay in
+# cache between the copies and the tiles. Zen 4 avx512bf16, batch 8, 1 thread, GFLOP/s
+# blocks / whole batch (pair ratios, calls interleaved), 1 / 2 threads: NCX 1x1 64->256
+# and 256->64 on 56x56 1.18 / 1.17, 1.15 / 1.13, 128->512 on 28x28 1.14 / 1.13, 3x3
+# 128->128 1.09 / 1.04; NXC 3x3 1.06 / 1.02, 1x1 0.98-1.02. Not where the whole batch's
+# copies take at most two blocks (1024->256 on 14x14, 4 MB: NCX 0.98 / 0.95).
+WEIGHT_IMAGE_BLOCK_BYTES = 2 << 20
 
 # 1x1 stride-1 data gradients run all the vector blocks of a block of pixels together
 # (the input read once) while their weights take at most this; larger weights go vector
@@ -628,7 +638,8 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "dd_by_chunk": src_channels_first,
             "src_in_place": src_channels_first and config.dtype == "f32",
             "prefetch_next_chunk": _prefetch_next_chunk(config, chunk_pixels,
-                                                        flatten_w or dot)}
+                                                        flatten_w or dot),
+            "image_block_bytes": image_block_bytes(config, plan)}
 
 
 def _sums_in_output_eligible(config: KernelConfig, max_slices: int, other_rows: bool) -> bool:
@@ -1095,12 +1106,15 @@ def overlap_runs(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
 
 
 def image_block_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
-    """Bytes of input and result copies per block of images a channels-first data
-    gradient copies in, computes and copies out before the next (0: the whole batch at
-    once)."""
-    if config.data_format != "NCX":
-        return 0
-    return plan.get("image_block_kb", IMAGE_BLOCK_BYTES >> 10) << 10
+    """Bytes of copies per block of images: input and result copies a channels-first
+    data gradient copies in, computes and copies out before the next; the pixel pairs a
+    bf16 weight gradient with vdpbf16ps copies and sums before the next (0: the whole
+    batch at once)."""
+    if config.family == "bwd_weights":
+        rule = WEIGHT_IMAGE_BLOCK_BYTES if uses_bf16_dot(config, plan) else 0
+    else:
+        rule = IMAGE_BLOCK_BYTES if config.data_format == "NCX" else 0
+    return plan.get("image_block_kb", rule >> 10) << 10 if rule else 0
 
 
 def _rounds_in_tiles(config: KernelConfig) -> bool:
@@ -1283,6 +1297,8 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found: list[dict[str, int]] = flip + ([{"ncx_dot": 1}] if dot_eligible(config) else [])
         if not tiles["flatten_w"] and not uses_bf16_dot(config):
             found.append({"packed": int(not tiles["packed"])})
+        if tiles["image_block_bytes"]:
+            found.append({"image_block_kb": 0})
         found += [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa], 1, -1)
                   if b != tiles["vec_block"]]
         if tiles["chunk_pixels"]:

@@ -1192,11 +1192,67 @@ def test_ncx_bf16_channel_pairs_transposed(geometry, op):
                           threads)
 
 
+@pytest.mark.skipif("avx512bf16" not in ISAS, reason="this CPU has no vdpbf16ps")
+@pytest.mark.parametrize("op,data_format,geometry", [
+    (op, data_format, geometry)
+    for op, data_format in [("ConvolutionBackwardWeights", "NCX"),
+                            ("ConvolutionBackwardWeights", "NXC"),
+                            ("ConvTransposeBackwardWeights", "NXC")]
+    for geometry in ["3x3", "1x1 groups", "1d", "3d even rows"]
+    # channels-last 1x1 stride-1 layers run the batch as one image: one block
+    if not (data_format == "NXC" and geometry == "1x1 groups")])
+def test_bf16_weight_gradients_in_blocks_of_images(op, data_format, geometry):
+    """bf16 weight gradients with vdpbf16ps copy and sum a block of images at a time
+    (forced here to blocks of one image, and of two with a short last one): exact on 1
+    to 3 threads with a smaller workspace than the whole batch's, and on real-valued data
+    the same bits whatever the thread count (the blocks depend on the sizes only)."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    case = make_case(op, **BF16_PAIR_GEOMETRY[geometry], batch=5, data_format=data_format,
+                     dtype="bf16", seed=31)
+    blocks, whole = {"amx": 0, "image_block_kb": 1}, {"amx": 0, "image_block_kb": 0}
+    sizes = {}
+    for threads in (1, 2, 3):
+        sizes[threads], run = forced_kernel(case, blocks, "avx512bf16", threads)
+        run(np.empty(sizes[threads], dtype=np.uint8))
+    whole_size = forced_kernel(case, whole, "avx512bf16", 2)[0]
+    assert sizes[2] < whole_size
+    # the copies of one image, from the workspaces of 1 and 5 images: blocks of two
+    pairs = {"amx": 0, "image_block_kb": (whole_size - sizes[2]) // 4 * 2 // 1024 + 1}
+    for threads in (1, 3):
+        size, run = forced_kernel(case, pairs, "avx512bf16", threads)
+        assert sizes[2] < size < whole_size
+        run(np.empty(size, dtype=np.uint8))
+    a, b = (x.astype(np.float32) for x in case.inputs[:2])
+    rng = np.random.default_rng(5)
+    a = (a + rng.standard_normal(a.shape)).astype(case.inputs[0].dtype)
+    b = (b + rng.standard_normal(b.shape)).astype(case.inputs[1].dtype)
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+    kernel = kernels.get_kernel(problem.config.with_isa("avx512bf16"), blocks)
+    first, second = (b, a) if problem.swap_inputs else (a, b)
+    results = []
+    for threads in (1, 2, 3):
+        out, dims = np.empty(problem.output_shape, dtype=a.dtype), kernels.dims_of(problem, threads)
+        workspace = np.empty(kernel.workspace_size(dims), dtype=np.uint8)
+        kernels.call(kernel, problem, dims, first, second, out, workspace)
+        results.append(out.view(np.uint16))
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+
+
 def test_image_blocks_by_rule():
     """The planner (pure: no CPU needed) blocks images in channels-first data gradients
     (IMAGE_BLOCK_BYTES of copies per thread, f32 or bf16 pairs; 0 in a plan: the whole
-    batch), never in channels-last ones (no copies, or rounded in the tiles)."""
-    from convgrad.codegen.plan import IMAGE_BLOCK_BYTES, image_block_bytes
+    batch), never in channels-last ones (no copies, or rounded in the tiles); and in bf16
+    weight gradients with vdpbf16ps in both layouts (WEIGHT_IMAGE_BLOCK_BYTES of pair
+    copies), never where they widen to f32 or in f32 ones, a candidate either way."""
+    from convgrad.codegen.plan import (
+        IMAGE_BLOCK_BYTES,
+        WEIGHT_IMAGE_BLOCK_BYTES,
+        candidates,
+        image_block_bytes,
+    )
 
     def config(fmt="NCX", dtype="f32", isa="avx2", family="bwd_data"):
         return KernelConfig(family, (3, 3), (1, 1), (1, 1), 1, 64, 64, fmt, "OIX", dtype, isa)
@@ -1209,6 +1265,16 @@ def test_image_blocks_by_rule():
                   config(fmt="NXC", dtype="bf16", isa="avx512bf16")):
         assert image_block_bytes(never) == 0
     assert image_block_bytes(config(), {"image_block_kb": 0}) == 0
+    for fmt in ("NCX", "NXC"):
+        pairs = config(fmt, "bf16", "avx512bf16", "bwd_weights")
+        assert image_block_bytes(pairs) == WEIGHT_IMAGE_BLOCK_BYTES
+        assert image_block_bytes(pairs, {"image_block_kb": 64}) == 64 << 10
+        assert {"image_block_kb": 0} in candidates(pairs)
+        for never in (config(fmt, "f32", "avx512", "bwd_weights"),
+                      config(fmt, "bf16", "avx512", "bwd_weights")):
+            assert image_block_bytes(never) == 0
+            assert all("image_block_kb" not in plan for plan in candidates(never))
+        assert image_block_bytes(pairs, {"bf16_dot": 0}) == 0
 
 
 PACKED_WEIGHT_GEOMETRY = {

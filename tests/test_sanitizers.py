@@ -108,6 +108,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardWeights", **geometry, batch=2,
                                 data_format="NCX", dtype="bf16"), {{}},
                       convgrad.cpu.available_isas()[0], 2)
+    for name, fmt in (("3x3", "NXC"), ("1x1 groups", "NCX")):  # a block of images at a time
+        run_with_plan(make_case("ConvolutionBackwardWeights", **BF16_PAIR_GEOMETRY[name],
+                                batch=3, data_format=fmt, dtype="bf16"),
+                      {{"amx": 0, "image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 2)
     from test_ops import BF16_CHANNEL_PAIR_GEOMETRY  # and data gradients' channel pairs
     for geometry in BF16_CHANNEL_PAIR_GEOMETRY.values():
         run_with_plan(make_case("ConvolutionBackwardData", **geometry, batch=2,
