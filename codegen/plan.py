@@ -883,10 +883,11 @@ def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_
     block = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
                        budget // per_vector))
     last = _last_part(vectors, block)
+    several = vectors > block  # vector blocks per pixel
     partial_lines = block * lanes % LINE_FLOATS != 0  # a vector block's part of a pixel
-    sweep = bool(plan.get("pixel_sweep", config.strides[-1] > 1 and vectors > block
+    sweep = bool(plan.get("pixel_sweep", config.strides[-1] > 1 and several
                           and partial_lines)) and not slide
-    return {"vec_block": block, "vec_last": last,
+    return {"vec_block": block, "vec_last": last, "several_vec_blocks": several,
             "row_vecs": [] if sweep else sorted({block, last}),  # register tiles
             "max_unrolled_taps": MAX_UNROLLED_TAPS,
             "row_vb_inner": bool(plan.get(
@@ -1285,8 +1286,7 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
             slides = depthwise_weight_rows(config, {"slide": 1})["slide_pixels"]
             rows = depthwise_weight_rows(config)
             flip = ([{"row_vb_inner": int(not rows["row_vb_inner"])}]
-                    if -(-config.groups // VECTOR_LANES[isa]) > rows["vec_block"]
-                    and not rows["pixel_sweep"] else [])
+                    if rows["several_vec_blocks"] and not rows["pixel_sweep"] else [])
             return [*flip, {"pixel_sweep": int(not rows["pixel_sweep"])},
                     *([{"slide": 1}] if slides else [])]
         flip = ([{"group_lanes": int(not weights_across_groups(config)["group_lanes"])}]
