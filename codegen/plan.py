@@ -332,11 +332,11 @@ IMAGE_BLOCK_BYTES = 1 << 20
 # ...and bf16 weight gradients with vdpbf16ps copy src and diff_dst into pixel pairs a
 # block of images at a time, the tiles summing block after block (the block depends on
 # the sizes only, so results do not depend on the thread count): the pairs then stay in
-# cache between the copies and the tiles. Zen 4 avx512bf16, batch 8, 1 thread, GFLOP/s
-# blocks / whole batch (pair ratios, calls interleaved), 1 / 2 threads: NCX 1x1 64->256
-# and 256->64 on 56x56 1.18 / 1.17, 1.15 / 1.13, 128->512 on 28x28 1.14 / 1.13, 3x3
-# 128->128 1.09 / 1.04; NXC 3x3 1.06 / 1.02, 1x1 0.98-1.02. Not where the whole batch's
-# copies take at most two blocks (1024->256 on 14x14, 4 MB: NCX 0.98 / 0.95).
+# cache between the copies and the tiles. Zen 4 avx512bf16, batch 8, pair ratios blocks
+# / whole batch (calls interleaved), 1 / 2 threads: NCX 1x1 64->256 and 256->64 on 56x56
+# 1.18 / 1.17, 1.15 / 1.13, 128->512 on 28x28 1.14 / 1.13, 3x3 128->128 1.09 / 1.04; NXC
+# 3x3 1.06 / 1.02 (NXC 1x1 stride-1 layers run the batch as one image). Not where the
+# whole batch's copies take at most two blocks (1024->256 on 14x14, 4 MB: NCX 1.04 / 0.98).
 WEIGHT_IMAGE_BLOCK_BYTES = 2 << 20
 
 # 1x1 stride-1 data gradients run all the vector blocks of a block of pixels together
