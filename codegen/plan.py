@@ -45,7 +45,8 @@ PLAN_CHOICES = {
     "packed": "weight gradients: 1 copies chunks into panels, 0 reads in place",
     "ncx_dot": "NCX f32 weight gradients with stride 1 along w: 1 packs runs of pixels of "
                "both inputs and multiplies them (dot products), 0 broadcasts src",
-    "chunk_pixels": "weight gradients whose sums fit in L2: pixels per chunk",
+    "chunk_pixels": "weight gradients: pixels per chunk (0: chunks of about 1 MB of "
+                    "rows, or half the sums' bytes if more)",
     "max_slices": "weight gradients: most pixel slices (a power of two)",
     "sums_in_output": "f32 XIO weight gradients of one group and one slice: 1 adds the "
                       "sums in the user's weights, 0 in workspace, copied out at the end",
@@ -93,7 +94,7 @@ def check_plan(plan: Mapping[str, int]) -> dict[str, int]:
         if isinstance(value, bool):
             value = int(value)
         if not isinstance(value, int) or value < 0 or (value == 0 and name in (
-                "vec_block", "tile_rows", "weight_chunk_kb", "chunk_pixels", "max_slices",
+                "vec_block", "tile_rows", "weight_chunk_kb", "max_slices",
                 "step_unroll")):
             raise ValueError(f"plan choice {name} = {value!r} is invalid")
         checked[name] = value
@@ -246,6 +247,16 @@ FLATTEN_VECTOR_BLOCK = {16: 2}
 FLATTEN_BELOW_CHANNELS = {"avx512bf16": 8, "avx512": 8, "avx2": 6}
 SUMS_IN_L2_BYTES = 640 * 1024  # half of Ice Lake-SP's 1.25 MB L2
 CHUNK_BYTES = 1024 * 1024
+# ...but on the avx2 path, kernels whose rows overlap along d or h (a src row packed for
+# several output rows: the src panels of a chunk of CHUNK_BYTES outgrow L2 and stream from
+# L3 once per vector block and tap) keep chunks of about this many pixels with any sums.
+# Zen 4 avx2, batch 8, interleaved pair ratios pixels / bytes, 1 / 2 threads: ResNet-50
+# 3x3 256 on 14x14 1.03-1.06 / 1.01-1.07 (NCX 1.06 / 1.10), 512 on 7x7 0.99-1.05 /
+# 1.04-1.09 (NCX 1.08 / 1.11), bf16 1.08-1.11 / 1.07-1.19; 3x3 stride 2, 256 on 28x28
+# 1.08 / 1.07, 512 on 14x14 1.00 / 0.98; dilated 5x5 1.09 / 0.99; ResNeXt 3x3x3 16 groups
+# 1.04 / 1.03. Not 1x1 layers (0.93-1.05), 1-D ones (0.93-1.00), rows that do not overlap
+# (2x2x2 stride 2: 0.99 / 0.88), nor avx512 (3x3: 0.95-1.02).
+OVERLAP_CHUNK_PIXELS = {"avx2": CHUNK_PIXELS}
 
 # Weight gradients whose sums stay in L2 split their pixels into up to MAX_SLICES slices
 # (a power of two, so 2, 4, 8 threads share them evenly)
@@ -612,9 +623,12 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         dot or packed)
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
     nxc_in_place = config.data_format == "NXC" and not (packed or flatten_w or dot)
-    chunk_pixels = plan.get("chunk_pixels", (
-        NXC_IN_PLACE_CHUNK_PIXELS.get(lanes, CHUNK_PIXELS) if nxc_in_place else CHUNK_PIXELS)
-        if in_l2 else 0)
+    if in_l2:
+        rule_pixels = (NXC_IN_PLACE_CHUNK_PIXELS.get(lanes, CHUNK_PIXELS) if nxc_in_place
+                       else CHUNK_PIXELS)
+    else:
+        rule_pixels = OVERLAP_CHUNK_PIXELS.get(config.isa, 0) if _rows_overlap(config) else 0
+    chunk_pixels = plan.get("chunk_pixels", rule_pixels)
     max_slices = _max_slices(sums_bytes, plan)
     sums_in_output = bool(plan.get("sums_in_output", 1)) and _sums_in_output_eligible(
         config, max_slices, flatten_w or dot)
@@ -640,6 +654,13 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "prefetch_next_chunk": _prefetch_next_chunk(config, chunk_pixels,
                                                         flatten_w or dot),
             "image_block_bytes": image_block_bytes(config, plan)}
+
+
+def _rows_overlap(config: KernelConfig) -> bool:
+    """Whether some src row along d or h is read by several output rows (a kernel extent
+    above its stride there)."""
+    return any((k - 1) * d + 1 > s for k, d, s in zip(
+        config.kernel[:-1], config.dilations[:-1], config.strides[:-1], strict=True))
 
 
 def _sums_in_output_eligible(config: KernelConfig, max_slices: int, other_rows: bool) -> bool:
@@ -730,7 +751,7 @@ def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
     return {"ncx_dot": True, "tile_rows": rows,
             "dot_tiles": list(dict.fromkeys((r, c) for r in (rows, rows_last)
                                             for c in (cols, cols_last))),
-            "chunk_pixels": plan.get("chunk_pixels", DOT_CHUNK_PIXELS),
+            "chunk_pixels": plan.get("chunk_pixels") or DOT_CHUNK_PIXELS,  # never by bytes
             "superblock_bytes": DOT_SUPERBLOCK_BYTES,
             "partial_pixels": partial_steps(config),
             "max_slices": _max_slices(_weight_sums_bytes(config), plan),
@@ -1305,6 +1326,8 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
             found += [{"chunk_pixels": p} for p in (CHUNK_PIXELS // 2, CHUNK_PIXELS,
                                                      CHUNK_PIXELS * 2)
                       if p != tiles["chunk_pixels"]]
+        if _weight_sums_bytes(config) > SUMS_IN_L2_BYTES:  # the other of pixels and bytes
+            found.append({"chunk_pixels": 0 if tiles["chunk_pixels"] else CHUNK_PIXELS})
         if tiles["max_slices"] > 1:
             found.append({"max_slices": 1})
         if tiles["sums_in_output"]:

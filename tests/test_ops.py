@@ -1599,28 +1599,42 @@ def test_weight_tiles_of_near_equal_height():
     assert rows(64, "avx512", 64) == [4, 6]  # 10 x 6 + 4: already near equal
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
-def test_weight_gradient_chunks_by_pixels_or_by_bytes(data_format):
+def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypatch):
     """Weight sums that stay in L2 take chunks of about 128 pixels; larger ones chunks of
-    1 MB of rows. Both run several chunks here (rows of 5 pixels: 104 rows are 5 small
-    chunks, or 2 large ones for 280 x 300 channels)."""
+    1 MB of rows, but on the avx2 path kernels whose rows overlap along h keep chunks of
+    pixels. Each runs several chunks here (rows of 5 pixels: 104 rows are 5 small chunks,
+    or 2 large ones for 280 x 300 channels), exact on 1 and 2 threads, and so does the
+    plan with the other kind of chunks."""
     from convgrad.codegen.plan import VECTOR_LANES, weight_tiles
 
-    def config(channels):
-        return KernelConfig("bwd_weights", (3, 3), (1, 1), (1, 1), 1, channels, channels,
-                            data_format, "XIO", "f32").with_isa(ISAS[0])
+    def config(channels, kernel=(3, 3), strides=(1, 1)):
+        return KernelConfig("bwd_weights", kernel, strides, (1, 1), 1, channels, channels,
+                            data_format, "XIO", "f32").with_isa(isa)
 
+    by_pixels = isa == "avx2"
     assert weight_tiles(config(20))["chunk_pixels"] > 0
-    assert weight_tiles(config(280))["chunk_pixels"] == 0
+    assert (weight_tiles(config(280))["chunk_pixels"] > 0) == by_pixels
+    assert weight_tiles(config(280, strides=(2, 1)))["chunk_pixels"] == weight_tiles(
+        config(280))["chunk_pixels"]
+    # rows that no two output rows share (1-high kernel, or stride 3 with 3 rows): bytes
+    for other in (config(280, (1, 3)), config(280, (3, 3), (3, 1)), config(600, (1, 1))):
+        assert weight_tiles(other)["chunk_pixels"] == 0
     # 9 taps x 700 x 700 channels (rounded up to whole vectors): 17.6 MB of sums, chunks
-    # of half that
-    lanes = VECTOR_LANES[config(700).isa]
+    # of half that where chunks go by bytes
+    lanes = VECTOR_LANES[isa]
     assert weight_tiles(config(700))["chunk_bytes"] == 9 * 700 * -(-700 // lanes) * lanes * 2
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
     for channels in (20, 280):
         case = make_case("ConvolutionBackwardWeights", spatial=(52, 5), kernel=(3, 3),
                          in_channels=channels, out_channels=channels + 20, batch=2,
                          data_format=data_format, attrs=dict(pads_begin=1, pads_end=1))
-        run_case(case, num_threads=2)
+        for threads in (1, 2):
+            run_case(case, num_threads=threads)
+        other = {"chunk_pixels": 0 if weight_tiles(config(channels))["chunk_pixels"] else 128}
+        for threads in (1, 2):
+            run_with_plan(case, other, isa, threads)
 
 
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])

@@ -20,11 +20,13 @@ from convgrad import kernels, tuning
 from convgrad.codegen import KernelConfig
 from convgrad.codegen.ops import resolve
 from convgrad.codegen.plan import (
+    CHUNK_PIXELS,
     PLAN_CHOICES,
     candidates,
     check_plan,
     kernel_name,
     render_context,
+    weight_tiles,
 )
 from convgrad.codegen.render import render
 
@@ -249,7 +251,6 @@ def test_few_input_channels_take_tiles_of_two_vectors_where_rows_split_evenly():
     per tile on 16-lane paths where the (kw, channel) rows split into near-equal tiles
     (7 x 3 = 21 rows: 12 + 9; 3 x 3 = 9: one tile), not where a short tile would be left
     (5 x 3 = 15 rows: 12 + 3), nor where a plan sets the block or on avx2."""
-    from convgrad.codegen.plan import weight_tiles
 
     def config(kernel, cout, isa="avx512"):
         return KernelConfig("bwd_weights", (kernel, kernel), (2, 2), (1, 1), 1, 3, cout,
@@ -267,7 +268,6 @@ def test_few_input_channels_take_tiles_of_two_vectors_where_rows_split_evenly():
 def test_taps_flattened_into_tile_rows_only_for_few_channels():
     """(kw, channel) tile rows where a group has fewer than 8 input channels on avx512
     (6 on avx2) and the rows fit the registers; more channels take tiles of one tap's."""
-    from convgrad.codegen.plan import weight_tiles
 
     def flattened(channels, cout, isa):
         return weight_tiles(KernelConfig("bwd_weights", (3, 3, 3), (1, 1, 1), (1, 1, 1), 16,
@@ -284,7 +284,6 @@ def test_weight_gradients_fetch_their_next_chunk_by_rule():
     no src row; not strided 1x1 layers, NCX, f16, chunks of CHUNK_BYTES or a padded copy
     of src (conv1's 3 channels). The prefetches survive the compiler (GCC drops a call to
     a function that only prefetches)."""
-    from convgrad.codegen.plan import weight_tiles
 
     def config(kernel, cin, cout, strides=None, data_format="NXC", dtype="f32"):
         rank = len(kernel)
@@ -310,6 +309,21 @@ def test_weight_gradients_fetch_their_next_chunk_by_rule():
             code = subprocess.run([objdump, "-d", str(path)],
                                   capture_output=True, text=True, check=True).stdout
             assert ("prefetcht1" in code) == fetches, each.name
+
+
+def test_weight_chunks_by_pixels_and_by_bytes_are_candidates():
+    """Where the weight sums exceed L2, the tuner times the other kind of chunks than the
+    rules': by bytes where the avx2 path's overlapping rows take pixels, else by pixels."""
+    def config(kernel, isa):
+        return _config("bwd_weights", kernel, 512, 512, isa=isa)
+
+    assert weight_tiles(config((3, 3), "avx2"))["chunk_pixels"] > 0
+    assert {"chunk_pixels": 0} in candidates(config((3, 3), "avx2"))
+    for rules_by_bytes in (config((3, 3), "avx512"), config((1, 1), "avx2")):
+        assert weight_tiles(rules_by_bytes)["chunk_pixels"] == 0
+        assert {"chunk_pixels": CHUNK_PIXELS} in candidates(rules_by_bytes)
+    small = _config("bwd_weights", (3, 3), 64, 64, isa="avx2")  # sums in L2: pixels only
+    assert all(plan.get("chunk_pixels", 1) for plan in candidates(small))
 
 
 def test_plans_are_checked():
@@ -354,6 +368,10 @@ EXACT_CASES = {
     "weights 3x3 dilated": dict(op="ConvolutionBackwardWeights", spatial=(17, 12),
                                 kernel=(3, 3), in_channels=20, out_channels=24, batch=3,
                                 attrs=dict(dilations=[2, 1], pads_begin=1, pads_end=[0, 2])),
+    # sums beyond L2: chunks by pixels (avx2's rule for rows that overlap) or by bytes
+    "weights 3x3 wide sums": dict(op="ConvolutionBackwardWeights", spatial=(10, 7),
+                                  kernel=(3, 3), in_channels=150, out_channels=160, batch=2,
+                                  attrs=dict(pads_begin=1, pads_end=1)),
     "weights 1x1 NCX": dict(op="ConvolutionBackwardWeights", spatial=(20, 26), kernel=(1, 1),
                             in_channels=64, out_channels=40, batch=2, data_format="NCX"),
     "weights 3x3 NCX f16": dict(op="ConvolutionBackwardWeights", spatial=(14, 11),
