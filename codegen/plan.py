@@ -189,8 +189,20 @@ WIDEN_BF16_VENDORS = ("GenuineIntel",)
 # 4 x 3. Zen 3, batch 8, pair ratios 2 vectors / 3 over ResNet-50's 12 1x1 layers, NXC:
 # 0.99-1.13 (geomean 1.05 on 1 and on 2 threads), largest where 3-vector blocks leave a
 # last block of one vector (128, 512, 2048 output channels); the tuner chose 2 for 1x1
-# layers on Zen 4's avx2 path too. 3x3 layers keep 3 (2 measured 0.89-1.09).
+# layers on Zen 4's avx2 path too. Other layers keep 3 (2 measured 0.89-1.09 on 3x3
+# layers of 64-512 outputs), but:
 POINTWISE_WEIGHT_VECTOR_BLOCK = {"avx2": 2}
+# avx2 weight gradients where blocks of 3 vectors would leave a last block of one and
+# blocks of 2 none take 2, up to this many vectors (4, 10, 16: 32, 80, 128
+# output channels per group): the one-vector tile runs at about half speed. Zen 4, batch
+# 8, interleaved pair ratios 2 / 3 vectors, 1 / 2 threads: 3x3 64->32 on 56x56 1.15-1.17 /
+# 1.04-1.05 (NCX 1.15-1.17 / 1.12-1.16), 32->32 on 112x112 1.09-1.12 / 1.08-1.11, ResNeXt
+# conv_3d:6 and :11 (3x3x3, 16->32 per group) 1.13-1.19 / 1.16-1.22, conv1d:6 (k3,
+# 32->32) 1.12 / 1.16, 128->80 on 28x28 1.03-1.06 / 0.99-1.02, 128->128 1.04 / 1.01 (NCX
+# 1.03 / 1.01-1.02), dilated_conv:21 (64->128) 1.04 / 1.03; with 3 input channels, whose
+# (kw, channel) rows then fill 6-row tiles, 3x3 stride 1 on 112x112 0.93 / 1.16, stride 2
+# 1.19 / 1.19, 7x7 stride 2 1.34 / 1.40. Not 64 vectors (3x3 512 on 7x7: 0.88 / 0.97).
+ONE_VECTOR_TAIL_MAX_VECTORS = {"avx2": 16}
 # ...and so do 1x1 stride-1 NCX weight gradients on every path where their sums exceed
 # SUMS_IN_L2_BYTES: chunks then hold 1 MB of panels, a diff_dst block of 4 vectors is too
 # large for L1 while every row block passes over it, a block of 2 is not. Sapphire
@@ -563,6 +575,9 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     one_tap = all(k == 1 for k in config.kernel)  # 1x1, any stride
     if one_tap:
         rule = POINTWISE_WEIGHT_VECTOR_BLOCK.get(config.isa, rule)
+    elif (rule == 3 and vectors % 3 == 1 and vectors % 2 == 0
+          and vectors <= ONE_VECTOR_TAIL_MAX_VECTORS.get(config.isa, 0)):
+        rule = 2
     if config.data_format == "NCX" and config.pointwise and sums_bytes > SUMS_IN_L2_BYTES:
         rule = min(rule, NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK)
     low, high = NXC_POINTWISE_MID_COUT

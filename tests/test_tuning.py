@@ -103,6 +103,21 @@ def test_avx2_vector_blocks_stay_candidates():
                                                   isa="avx2"))
 
 
+def test_avx2_weight_blocks_leave_no_one_vector_tail():
+    """avx2 weight gradients take blocks of 2 vectors where blocks of 3 would leave a last
+    block of one and blocks of 2 none (4, 10, 16 vectors), else 3 (1x1 layers: 2); 3 stays
+    a candidate. Other paths keep their own rules."""
+    def block(cout, kernel=(3, 3), isa="avx2", cin=64):
+        return weight_tiles(_config("bwd_weights", kernel, cin, cout, isa=isa))["vec_block"]
+
+    assert [block(c) for c in (32, 80, 128)] == [2, 2, 2]
+    assert [block(c) for c in (24, 56, 64, 256, 512)] == [3, 3, 3, 3, 3]
+    assert block(128, (1, 1)) == 2 and block(64, (1, 1)) == 2
+    assert block(32, (3, 3, 3)) == 2 and block(32, (3,)) == 2
+    assert block(32, isa="avx512") == 2 and block(128, isa="avx512") == 4
+    assert {"vec_block": 3} in candidates(_config("bwd_weights", (3, 3), 64, 32, isa="avx2"))
+
+
 def test_intel_keeps_avx2_data_tiles_of_3_vectors():
     """On Intel the avx2 data tiles the wide rule gives 4 vectors keep 3 (NARROW_VENDORS):
     that is the rules' plan there and the first candidate, with the vendor-free rules
@@ -368,6 +383,10 @@ EXACT_CASES = {
     "weights 3x3 dilated": dict(op="ConvolutionBackwardWeights", spatial=(17, 12),
                                 kernel=(3, 3), in_channels=20, out_channels=24, batch=3,
                                 attrs=dict(dilations=[2, 1], pads_begin=1, pads_end=[0, 2])),
+    # avx2: blocks of 2 vectors where 3 would leave a one-vector block (32 outputs)
+    "weights 3x3 32 outputs": dict(op="ConvolutionBackwardWeights", spatial=(11, 9),
+                                   kernel=(3, 3), in_channels=20, out_channels=32, batch=2,
+                                   attrs=dict(strides=[1, 2], pads_begin=1, pads_end=1)),
     # sums beyond L2: chunks by pixels (avx2's rule for rows that overlap) or by bytes
     "weights 3x3 wide sums": dict(op="ConvolutionBackwardWeights", spatial=(10, 7),
                                   kernel=(3, 3), in_channels=150, out_channels=160, batch=2,
