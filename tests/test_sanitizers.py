@@ -117,6 +117,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardData", **geometry, batch=2,
                                 data_format="NCX", dtype="bf16"), {{"amx": 0}},
                       convgrad.cpu.available_isas()[0], 2)
+    if "avx2" in convgrad.cpu.available_isas():  # avx2: pixel chunks beyond L2, 2-vector blocks
+        run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(52, 5), kernel=(3, 3),
+                                in_channels=280, out_channels=128, batch=2,
+                                attrs=dict(pads_begin=1, pads_end=1)), {{}}, "avx2", 2)
     from test_ops import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
