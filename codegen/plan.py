@@ -575,7 +575,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     one_tap = all(k == 1 for k in config.kernel)  # 1x1, any stride
     if one_tap:
         rule = POINTWISE_WEIGHT_VECTOR_BLOCK.get(config.isa, rule)
-    elif (rule == 3 and vectors % 3 == 1 and vectors % 2 == 0
+    elif (_last_part(vectors, rule) == 1 and vectors % 2 == 0
           and vectors <= ONE_VECTOR_TAIL_MAX_VECTORS.get(config.isa, 0)):
         rule = 2
     if config.data_format == "NCX" and config.pointwise and sums_bytes > SUMS_IN_L2_BYTES:
@@ -671,11 +671,16 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "image_block_bytes": image_block_bytes(config, plan)}
 
 
+def _kernel_extents(config: KernelConfig) -> list[int]:
+    """Input pixels the dilated kernel spans along each spatial axis."""
+    return [(k - 1) * d + 1 for k, d in zip(config.kernel, config.dilations, strict=True)]
+
+
 def _rows_overlap(config: KernelConfig) -> bool:
     """Whether some src row along d or h is read by several output rows (a kernel extent
     above its stride there)."""
-    return any((k - 1) * d + 1 > s for k, d, s in zip(
-        config.kernel[:-1], config.dilations[:-1], config.strides[:-1], strict=True))
+    return any(e > s for e, s in zip(_kernel_extents(config)[:-1], config.strides[:-1],
+                                     strict=True))
 
 
 def _sums_in_output_eligible(config: KernelConfig, max_slices: int, other_rows: bool) -> bool:
@@ -731,10 +736,10 @@ def _prefetch_next_chunk(config: KernelConfig, chunk_pixels: int, copied: bool) 
     256->64 (read in place) 1.55 on avx512 and 1.24 on avx2, 64->256 1.05 and 1.11, the
     others 1.00-1.06; on 2 threads 1.00-1.08. Strided 1x1 layers (rows skipped, the whole
     span fetched) lost 0.85-0.92, f16 (packed, converting) 0.95-0.98."""
-    extents = [(k - 1) * d + 1 for k, d in zip(config.kernel, config.dilations, strict=True)]
     return (config.data_format == "NXC" and config.dtype == "f32" and chunk_pixels > 0
             and not copied
-            and all(s <= e for s, e in zip(config.strides, extents, strict=True)))
+            and all(s <= e for s, e in zip(config.strides, _kernel_extents(config),
+                                           strict=True)))
 
 
 # NCX f32 weight gradients with stride 1 along w can multiply runs of consecutive pixels

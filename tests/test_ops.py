@@ -1607,7 +1607,7 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
     pixels. Each runs several chunks here (rows of 5 pixels: 104 rows are 5 small chunks,
     or 2 large ones for 280 x 300 channels), exact on 1 and 2 threads, and so does the
     plan with the other kind of chunks."""
-    from convgrad.codegen.plan import VECTOR_LANES, weight_tiles
+    from convgrad.codegen.plan import CHUNK_PIXELS, VECTOR_LANES, weight_tiles
 
     def config(channels, kernel=(3, 3), strides=(1, 1)):
         return KernelConfig("bwd_weights", kernel, strides, (1, 1), 1, channels, channels,
@@ -1632,7 +1632,8 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
                          data_format=data_format, attrs=dict(pads_begin=1, pads_end=1))
         for threads in (1, 2):
             run_case(case, num_threads=threads)
-        other = {"chunk_pixels": 0 if weight_tiles(config(channels))["chunk_pixels"] else 128}
+        rules_pixels = weight_tiles(config(channels))["chunk_pixels"]
+        other = {"chunk_pixels": 0 if rules_pixels else CHUNK_PIXELS}
         for threads in (1, 2):
             run_with_plan(case, other, isa, threads)
 
