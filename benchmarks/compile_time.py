@@ -6,8 +6,9 @@
 Renders every kernel of the layers (default: the built-in ResNet-50 list, as
 `convgrad aot` reads it) and compiles each one, kernel after kernel, once per mode:
 `plain` parses the headers as text, `pch` loads the precompiled prelude of a private
-cache folder (built first), `parts` also compiles a data kernel as two objects at once
-(a lazy build with CONVGRAD_BUILD_JOBS=2, the default on two cores or more). Prints
+cache folder (built first), `parts` also compiles a kernel of two parts (data kernels,
+weight kernels from row segments) as two objects at once (a lazy build with
+CONVGRAD_BUILD_JOBS=2, the default on two cores or more). Prints
 the median, least and most seconds per kernel family; run it on an otherwise idle
 machine. A kernel's first call adds rendering (~0.04 s), loading and one run to its
 compile time.

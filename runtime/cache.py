@@ -155,10 +155,11 @@ def _touch(library: Path) -> None:
 
 def build_jobs() -> int:
     """Compilations a lazy build of one kernel runs at once: CONVGRAD_BUILD_JOBS, by
-    default 2 when this process may use two cores or more, else 1. With 2, a data
-    kernel's tiles are split between two objects compiled together (functions.h.j2):
-    its first call is ~30% sooner on an idle machine (Zen 4, GCC 12), for ~20% more
-    CPU time in all, which a machine busy compiling (a parallel test run) pays."""
+    default 2 when this process may use two cores or more, else 1. With 2, a kernel of
+    two parts (plan.compile_parts: data kernels, weight kernels from row segments) is
+    compiled as two objects at once (functions.h.j2): its first call is 20-30% sooner
+    on an idle machine (Zen 4, GCC 12), for ~20% more CPU time in all, which a machine
+    busy compiling (a parallel test run) pays."""
     value = os.environ.get("CONVGRAD_BUILD_JOBS", "").strip()
     if not value:
         try:

@@ -246,9 +246,10 @@ def _parts(folder: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("isa", convgrad.cpu.available_isas())
-def test_data_kernels_built_in_two_parts_are_exact(fresh_cache, monkeypatch, isa):
+def test_kernels_built_in_two_parts_are_exact(fresh_cache, monkeypatch, isa):
     """CONVGRAD_BUILD_JOBS=2: a data kernel's tiles are split between two objects
-    compiled at once (-DCONVGRAD_PART=0 and 1) and linked; weight kernels stay whole."""
+    compiled at once (-DCONVGRAD_PART=0 and 1) and linked; a weight kernel's tiles are
+    the second object (packed panels; in place, with bf16 pairs on avx512bf16)."""
     monkeypatch.setenv("CC", str(_spy(fresh_cache.parent)))
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     monkeypatch.setenv("CONVGRAD_BUILD_JOBS", "2")
@@ -260,11 +261,13 @@ def test_data_kernels_built_in_two_parts_are_exact(fresh_cache, monkeypatch, isa
         make_case("ConvolutionBackwardData", spatial=(4, 5), kernel=(2, 3), in_channels=18,
                   out_channels=6, dtype="bf16", seed=2),
         make_case("ConvolutionBackwardWeights", spatial=(6, 6), kernel=(3, 3),
-                  in_channels=5, out_channels=7, seed=3),
+                  in_channels=12, out_channels=20, seed=3),
+        make_case("ConvolutionBackwardWeights", spatial=(7, 5), kernel=(1, 1),
+                  in_channels=20, out_channels=12, data_format="NCX", dtype="bf16", seed=5),
     ]
     for case in cases:
         assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
-    assert _parts(fresh_cache.parent) == ["0", "0", "0", "1", "1", "1"]  # the data kernels
+    assert _parts(fresh_cache.parent) == ["0"] * 5 + ["1"] * 5
 
 
 def test_one_build_job_compiles_kernels_whole(fresh_cache, monkeypatch):
