@@ -243,6 +243,17 @@ CHUNK_PIXELS = 128
 # (Sapphire Rapids, ResNet-50 batch 8, pair ratios 64 / 128 on 1 / 2 threads: 1x1
 # 64->64 1.16 / 1.18, 64->256 1.08 / 1.06, 256->64 1.08 / 1.05; avx2 0.94-0.99).
 NXC_IN_PLACE_CHUNK_PIXELS = {16: 64}
+# ...and NCX_LIGHT_CHUNK_PIXELS for f32 channels-first layers with at most NCX_LIGHT_MACS
+# multiply-adds per output pixel: their tiles' work per chunk is small beside what each
+# chunk costs (the copies of each channel's run of the chunk's pixels, a tile call's
+# sums). Zen 4, batch 8, 56x56, pair ratios 512 / 128 on 1 / 2 threads: avx2 1x1 64->64
+# 1.09-1.11 / 1.18, 256->64 1.07-1.08 / 1.14, 64->256 1.07-1.08 / 1.14-1.16; avx512
+# 64->64 1.03-1.06 / 1.09-1.10, 256->64 1.03-1.05, 64->256 1.03-1.04 / 1.15; 7x7 3->64
+# stride 2 (224x224) 1.01-1.04 / 0.99-1.08. Not heavier layers: 3x3 64->64 (36864 per
+# pixel) 1.00-1.02 / 0.99-1.00, 1x1 512->128 on 28x28 0.99 / 0.98, 3x3 128->128 0.95-0.98
+# / 0.93-0.96; nor NXC layers (avx512 0.68-0.91), nor bf16 pairs (0.99-1.04).
+NCX_LIGHT_CHUNK_PIXELS = 512
+NCX_LIGHT_MACS = 16384
 # Few input channels, kw taps flattened into tile rows (conv1): 16-lane paths take tiles
 # of 2 output vectors where those rows split into tiles of near-equal height
 # (_flatten_vector_block). Sapphire Rapids avx512, batch 8, pair ratios 2 / the rule's 4
@@ -638,9 +649,12 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         dot or packed)
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
     nxc_in_place = config.data_format == "NXC" and not (packed or flatten_w or dot)
-    if in_l2:
-        rule_pixels = (NXC_IN_PLACE_CHUNK_PIXELS.get(lanes, CHUNK_PIXELS) if nxc_in_place
-                       else CHUNK_PIXELS)
+    if in_l2 and nxc_in_place:
+        rule_pixels = NXC_IN_PLACE_CHUNK_PIXELS.get(lanes, CHUNK_PIXELS)
+    elif in_l2:
+        light = (config.data_format == "NCX" and config.dtype == "f32"
+                 and cin * config.cout_per_group * prod(config.kernel) <= NCX_LIGHT_MACS)
+        rule_pixels = NCX_LIGHT_CHUNK_PIXELS if light else CHUNK_PIXELS
     else:
         rule_pixels = OVERLAP_CHUNK_PIXELS.get(config.isa, 0) if _rows_overlap(config) else 0
     chunk_pixels = plan.get("chunk_pixels", rule_pixels)

@@ -1602,19 +1602,32 @@ def test_weight_tiles_of_near_equal_height():
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypatch):
-    """Weight sums that stay in L2 take chunks of about 128 pixels; larger ones chunks of
-    1 MB of rows, but on the avx2 path kernels whose rows overlap along h keep chunks of
-    pixels. Each runs several chunks here (rows of 5 pixels: 104 rows are 5 small chunks,
-    or 2 large ones for 280 x 300 channels), exact on 1 and 2 threads, and so does the
-    plan with the other kind of chunks."""
-    from convgrad.codegen.plan import CHUNK_PIXELS, VECTOR_LANES, weight_tiles
+    """Weight sums that stay in L2 take chunks of about 128 pixels (512 for f32 NCX
+    layers with few multiply-adds per pixel); larger ones chunks of 1 MB of rows, but on
+    the avx2 path kernels whose rows overlap along h keep chunks of pixels. Each runs
+    several chunks here (rows of 5 pixels: 104 rows are 2-5 small chunks, or 2 large ones
+    for 280 x 300 channels), exact on 1 and 2 threads, and so does the plan with the
+    other kind of chunks."""
+    from convgrad.codegen.plan import (
+        CHUNK_PIXELS,
+        NCX_LIGHT_CHUNK_PIXELS,
+        NCX_LIGHT_MACS,
+        VECTOR_LANES,
+        weight_tiles,
+    )
 
-    def config(channels, kernel=(3, 3), strides=(1, 1)):
+    def config(channels, kernel=(3, 3), strides=(1, 1), dtype="f32"):
         return KernelConfig("bwd_weights", kernel, strides, (1, 1), 1, channels, channels,
-                            data_format, "XIO", "f32").with_isa(isa)
+                            data_format, "XIO", dtype).with_isa(isa)
 
     by_pixels = isa == "avx2"
-    assert weight_tiles(config(20))["chunk_pixels"] > 0
+    light = NCX_LIGHT_CHUNK_PIXELS if data_format == "NCX" else CHUNK_PIXELS
+    assert weight_tiles(config(20))["chunk_pixels"] == light  # 3600 multiply-adds a pixel
+    if data_format == "NCX":  # 1x1: 128 x 128 multiply-adds a pixel, then more
+        assert weight_tiles(config(128, (1, 1)))["chunk_pixels"] == NCX_LIGHT_CHUNK_PIXELS
+        assert NCX_LIGHT_MACS < 129 * 129
+        assert weight_tiles(config(129, (1, 1)))["chunk_pixels"] == CHUNK_PIXELS
+    assert weight_tiles(config(20, dtype="bf16"))["chunk_pixels"] == CHUNK_PIXELS
     assert (weight_tiles(config(280))["chunk_pixels"] > 0) == by_pixels
     assert weight_tiles(config(280, strides=(2, 1)))["chunk_pixels"] == weight_tiles(
         config(280))["chunk_pixels"]
