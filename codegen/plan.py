@@ -306,7 +306,16 @@ SUMS_IN_OUTPUT_MAX_ROW = {8: 2048}
 # 256->1024 1.05, 2048->512 (4 MB of sums) 1.07, 3x3 256->256 1.13, strided 1x1
 # 256->512 .. 1024->2048 1.09-1.42; avx2 64->64 and 256->64 0.89, 3x3 64->64 0.98, but
 # 512->128 1.05, 1024->256 1.26, 512->256 1.20, 3x3 128->128 1.16, 128->512 1.20.
-NCX_IN_PLACE_MAX_SUMS = {16: 1024 * 1024, 8: 64 * 1024}
+# On AMD's cores the avx2 path reads in place while the sums stay in L2: Zen 4, batch 8,
+# pair ratios packed / in place on 1 / 2 threads: 3x3 64->64 on 56x56 0.95-0.97 /
+# 0.94-0.95, 3x3 128->128 on 28x28 0.87-0.91 / 0.90-0.91, 1x1 on 28x28 256->128
+# 0.87-0.88 / 0.83-0.86, 512->128 0.84 / 0.85 (bf16 0.86-0.87 / 0.89-0.90), 512->256
+# 0.96 / 0.93-0.97 (14x14 0.94-0.97 / 0.87-0.88), stride 2 256->128 0.89-0.90 / 0.90-0.91;
+# but 1024->256 (1 MB) 1.32-1.33 / 1.45-1.52. Intel's cores keep 64 KB
+# (INTEL_NCX_IN_PLACE_MAX_SUMS): a vendor's rule is a plan (vendor_plan).
+NCX_IN_PLACE_MAX_SUMS = {16: 1024 * 1024, 8: SUMS_IN_L2_BYTES}
+PACKED_NCX_VENDORS = {"avx2": ("GenuineIntel",)}
+INTEL_NCX_IN_PLACE_MAX_SUMS = 64 * 1024
 # ...except 1x1 f32 channels-last layers whose rows a tile reads well in place: pixel
 # strides under 2 KB (no 4K aliasing), and on avx512 whole lines of diff_dst per tile.
 # Measured on Zen 4, 1 thread, 1x1 layers of 14-56 pixels square, GFLOP/s packed -> in
@@ -486,10 +495,21 @@ def vendor_plan(config: KernelConfig, vendor: str,
         plan["amx"] = 0
     if vendor in WIDEN_BF16_VENDORS and uses_bf16_dot(config):
         return {"bf16_dot": 0, **plan}
+    if (vendor in PACKED_NCX_VENDORS.get(config.isa, ()) and _ncx_in_place(config)
+            and _weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS):
+        return {"packed": 1, **plan}
     across = config.depthwise or data_across_groups(config)
     if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
         return {"vec_block": MAX_VECTOR_BLOCK[config.isa], **plan}
     return plan
+
+
+def _ncx_in_place(config: KernelConfig) -> bool:
+    """Whether the rules read this channels-first weight gradient's src in place."""
+    if (config.family != "bwd_weights" or config.data_format != "NCX" or config.depthwise
+            or weights_across_groups(config)["group_lanes"]):
+        return False
+    return weight_tiles(config)["src_channels_first"]
 
 
 def _lane_channels(config: KernelConfig) -> int:

@@ -141,6 +141,34 @@ def test_intel_keeps_avx2_data_tiles_of_3_vectors():
         assert vendor_plan(other, vendor) == {}, (other.name, vendor)
 
 
+def test_ncx_weights_read_in_place_while_sums_stay_in_l2_but_on_intel_avx2():
+    """avx2 NCX weight gradients with at most as many outputs as inputs read src in place
+    while their sums fit SUMS_IN_L2_BYTES, then pack; on Intel the rules' plan packs from
+    INTEL_NCX_IN_PLACE_MAX_SUMS on (PACKED_NCX_VENDORS), and reading in place stays a
+    candidate. avx512 and NXC layers, and more outputs than inputs, keep their rules."""
+    from convgrad.codegen.plan import INTEL_NCX_IN_PLACE_MAX_SUMS, SUMS_IN_L2_BYTES, vendor_plan
+
+    def ncx(kernel, cin, cout, isa="avx2"):
+        return _config("bwd_weights", kernel, cin, cout, data_format="NCX", isa=isa)
+
+    small, mid = ncx((1, 1), 256, 64), ncx((1, 1), 512, 128)  # 64 KB, 256 KB of sums
+    largest, large = ncx((3, 3), 128, 128), ncx((1, 1), 1024, 256)  # 576 KB, 1 MB
+    assert 4 * 128 * 128 * 9 <= SUMS_IN_L2_BYTES < 4 * 1024 * 256
+    for config in (small, mid, largest):
+        assert not weight_tiles(config)["packed"] and weight_tiles(config)["src_in_place"]
+    assert weight_tiles(large)["packed"]
+    assert vendor_plan(small, "GenuineIntel") == {} and INTEL_NCX_IN_PLACE_MAX_SUMS >= 4 * 256 * 64
+    for config in (mid, largest):
+        intel = vendor_plan(config, "GenuineIntel")
+        assert intel == {"packed": 1} and weight_tiles(config, intel)["packed"]
+        assert candidates(config, "GenuineIntel")[0] == intel and {} in candidates(
+            config, "GenuineIntel")
+        assert vendor_plan(config, "AuthenticAMD") == {} and {"packed": 1} in candidates(config)
+    for other in (large, mid.with_isa("avx512"), ncx((1, 1), 128, 512),
+                  _config("bwd_weights", (1, 1), 512, 128, isa="avx2")):
+        assert vendor_plan(other, "GenuineIntel") == {}, other.name
+
+
 def test_intel_widens_bf16():
     """On Intel, bf16 kernels on the avx512bf16 path widen to f32 (WIDEN_BF16_VENDORS):
     the rules' plan there, with the pairs (vdpbf16ps) the second candidate; elsewhere the
