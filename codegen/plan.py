@@ -249,9 +249,10 @@ NXC_IN_PLACE_CHUNK_PIXELS = {16: 64}
 # sums). Zen 4, batch 8, 56x56, pair ratios 512 / 128 on 1 / 2 threads: avx2 1x1 64->64
 # 1.09-1.11 / 1.18, 256->64 1.07-1.08 / 1.14, 64->256 1.07-1.08 / 1.14-1.16; avx512
 # 64->64 1.03-1.06 / 1.09-1.10, 256->64 1.03-1.05, 64->256 1.03-1.04 / 1.15; 7x7 3->64
-# stride 2 (224x224) 1.01-1.04 / 0.99-1.08. Not heavier layers: 3x3 64->64 (36864 per
+# stride 2 (224x224) 1.02-1.04 / 1.02-1.08. Not heavier layers: 3x3 64->64 (36864 per
 # pixel) 1.00-1.02 / 0.99-1.00, 1x1 512->128 on 28x28 0.99 / 0.98, 3x3 128->128 0.95-0.98
-# / 0.93-0.96; nor NXC layers (avx512 0.68-0.91), nor bf16 pairs (0.99-1.04).
+# / 0.93-0.96; nor NXC layers (avx2 0.84-1.00, avx512 0.68-0.91), nor bf16 pairs (no
+# effect beyond the spread of one plan timed twice).
 NCX_LIGHT_CHUNK_PIXELS = 512
 NCX_LIGHT_MACS = 16384
 # Few input channels, kw taps flattened into tile rows (conv1): 16-lane paths take tiles
