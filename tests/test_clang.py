@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from cases import make_case
+from test_ops import forced_kernel
 
 import convgrad
 from convgrad.cpu import available_isas
@@ -66,24 +67,13 @@ def test_clang_compiles_the_amx_path(op, kernel, data_format, fresh_cache, monke
     function without the target of the one around it, so every AMX intrinsic sits in a
     function of its own with that target): exact, through AMX where the CPU has it, else
     through the other tiles."""
-    from convgrad import kernels
-    from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import amx_tiles
-
     monkeypatch.setenv("CC", "clang")
     case = make_case(op, spatial=(6, 7), kernel=kernel, in_channels=32, out_channels=64,
                      data_format=data_format, dtype="bf16", batch=2, seed=6,
                      attrs=dict(pads_begin=1, pads_end=1) if kernel != (1, 1) else None)
-    a, b = case.inputs[:2]
-    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
-    config = problem.config.with_isa("avx512bf16")
     plan = {"bf16_dot": 0} if op == "ConvolutionBackwardWeights" else {}
-    assert amx_tiles(config, plan)["amx"]
-    kernel_ = kernels.get_kernel(config, plan)
-    dims = kernels.dims_of(problem, 2)
-    first, second = (b, a) if problem.swap_inputs else (a, b)
-    out = np.empty(problem.output_shape, a.dtype)
-    kernels.call(kernel_, problem, dims, first, second, out,
-                 np.empty(kernel_.workspace_size(dims), dtype=np.uint8))
-    np.testing.assert_array_equal(out.view(np.uint16), case.expected(a.dtype).view(np.uint16))
-    assert "clang" in kernel_.path.with_suffix(".json").read_text()
+    size, run = forced_kernel(case, plan, "avx512bf16", threads=2)
+    run(np.empty(size, dtype=np.uint8))  # checks the bits
+    (source,) = fresh_cache.glob("convgrad_*.c")
+    assert "compute_amx" in source.read_text()
+    assert "clang" in source.with_suffix(".json").read_text()
