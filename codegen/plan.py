@@ -506,11 +506,10 @@ def vendor_plan(config: KernelConfig, vendor: str,
 
 
 def _ncx_in_place(config: KernelConfig) -> bool:
-    """Whether the rules read this channels-first weight gradient's src in place."""
-    if (config.family != "bwd_weights" or config.data_format != "NCX" or config.depthwise
-            or weights_across_groups(config)["group_lanes"]):
-        return False
-    return weight_tiles(config)["src_channels_first"]
+    """Whether the rules read this channels-first weight gradient's src in place (the
+    body _body picks for it broadcasts src along its rows)."""
+    return (config.family == "bwd_weights" and config.data_format == "NCX"
+            and _body(config, EMPTY_PLAN).get("src_channels_first", False))
 
 
 def _lane_channels(config: KernelConfig) -> int:
