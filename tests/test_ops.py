@@ -251,7 +251,7 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
     ((5, 7), 2, (3, 3), 200, 1),
     ((40, 33), 3, (3, 3), 200, 1),  # 8 row blocks
     ((6, 90), 1, (5, 5), 300, 1),   # one row block, enough work for 2 and 3 threads
-    ((12, 90), 2, (5, 3), 300, 2),  # 2 row blocks; rows that sweep whole pixels (stride 2)
+    ((12, 90), 2, (5, 3), 300, 2),  # 4 row blocks; rows that sweep whole pixels (stride 2)
 ])
 def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, kernel, channels,
                                                         stride, monkeypatch):
