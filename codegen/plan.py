@@ -40,6 +40,10 @@ PLAN_CHOICES = {
                 "where every row of the input starts the same floats past one; 0 never",
     "ncx_pass_kb": "1x1 NCX f32 data gradients read in place: KB of a pixel block's input "
                    "per pass over its channel blocks (0: every reduced channel at once)",
+    "all_taps": "depthwise weight gradients: 1 keeps every (kh, kw) tap of a channel block "
+                "in registers over a block of rows, 0 the w taps of one kh along a row",
+    "row_group_kb": "depthwise weight gradients with all_taps: KB of src and diff_dst rows "
+                    "each vector block runs over before the next",
     "slide": "depthwise gradients: 1 uses sliding tiles (data) or a sliding window of src "
              "columns (weights) where stride 1 allows",
     "packed": "weight gradients: 1 copies chunks into panels, 0 reads in place",
@@ -943,31 +947,58 @@ DEPTHWISE_ROW_VB_INNER_BYTES = 1024
 # 112x112 avx2: 1.87 -> 2.97).
 
 
+# Depthwise weight gradients can keep every (kh, kw) tap of a kd in registers (plan
+# all_taps, depthwise_taps.h.j2): a call runs a vector block over a group of rows of about
+# DEPTHWISE_GROUP_KB of src and diff_dst (in L2 for the next vector block), each diff_dst
+# vector loaded once for all taps, its sums loaded and stored once per group. A tuning
+# candidate only: 3x3 leaves room for 2 vectors on avx512 (1 on avx2) against the row
+# kernels' 4 (3), so a pixel takes twice the passes. Zen 4, avx512, batch 8, stride 1,
+# 64-byte aligned normal data, blocks of calls alternating with PyTorch's (as the
+# benchmark runs), ours all_taps / row kernels, 1 / 2 threads: 32 channels on 112x112
+# 1.04-1.05 / 1.04-1.09, 64 on 56x56 1.49-1.53 / 1.40, 128 on 28x28 1.50-1.52 / 1.34-1.49,
+# 256 on 28x28 1.33-1.36 / 1.35-1.36; but 128 on 56x56 (25.6 MB, past the L3) 0.75-0.76 /
+# 0.71-0.83, 512 on 14x14 0.90-0.92 / 0.90-0.98, 1024 on 7x7 0.98 / 0.70. Groups of 64 KB
+# to a whole row block, and prefetching the rows ahead, changed none of the losses. On
+# avx2 (1 vector; in-process pairs) 0.47-0.75, but 128 on 56x56 1.06-1.09.
+DEPTHWISE_GROUP_KB = 512
+
+
+def _all_taps_vectors(config: KernelConfig) -> int:
+    """Channel vectors per register tile where every (kh, kw) tap of a kd stays in
+    registers (0: the taps do not fit beside one vector of diff_dst)."""
+    plane_taps = prod(config.kernel[-2:])
+    return min(MAX_VECTOR_BLOCK[config.isa], ACCUMULATORS[config.isa] // (plane_taps + 1))
+
+
 def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Channel vectors per depthwise weight-gradient row kernel: KW taps x vectors of
     sums stay in registers, next to the diff_dst vectors (and, sliding, a window of
-    (KW - 1) x DW + 1 src vectors)."""
+    (KW - 1) x DW + 1 src vectors); or, all_taps, every (kh, kw) tap of a kd."""
     lanes = VECTOR_LANES[config.isa]
     vectors = -(-config.groups // lanes)
     taps_w, dilation = config.kernel[-1], config.dilations[-1]
     window = (taps_w - 1) * dilation + 1
+    all_taps = _all_taps_vectors(config) > 0 and bool(plan.get("all_taps", 0))
     slide = (config.strides[-1] == 1 and taps_w > 1 and window <= MAX_UNROLLED_TAPS
-             and bool(plan.get("slide", 0)))
+             and bool(plan.get("slide", 0)) and not all_taps)
     per_vector = taps_w + window + 1 if slide else taps_w + 1
     budget = REGISTERS[config.isa] if slide else ACCUMULATORS[config.isa]
-    block = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
-                       budget // per_vector))
+    most = _all_taps_vectors(config) if all_taps else budget // per_vector
+    block = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]), most))
     last = _last_part(vectors, block)
     several = vectors > block  # vector blocks per pixel
     partial_lines = block * lanes % LINE_FLOATS != 0  # a vector block's part of a pixel
     sweep = bool(plan.get("pixel_sweep", config.strides[-1] > 1 and several
-                          and partial_lines)) and not slide
+                          and partial_lines)) and not slide and not all_taps
+    row_vb_inner = config.groups * 4 >= DEPTHWISE_ROW_VB_INNER_BYTES and not all_taps
     return {"vec_block": block, "vec_last": last, "several_vec_blocks": several,
             "row_vecs": [] if sweep else sorted({block, last}),  # register tiles
             "max_unrolled_taps": MAX_UNROLLED_TAPS,
-            "row_vb_inner": bool(plan.get(
-                "row_vb_inner", config.groups * 4 >= DEPTHWISE_ROW_VB_INNER_BYTES)),
-            "pixel_sweep": sweep,
+            "row_vb_inner": bool(plan.get("row_vb_inner", row_vb_inner)),
+            "pixel_sweep": sweep, "all_taps": all_taps,
+            "group_bytes": plan.get("row_group_kb", DEPTHWISE_GROUP_KB) * 1024,
+            "rows_template": ("depthwise_taps.h.j2" if all_taps else
+                              "depthwise_sweep.h.j2" if sweep else "depthwise_rows.h.j2"),
             "slide_pixels": DEPTHWISE_WEIGHT_SLIDE if slide else 0}
 
 
@@ -1370,8 +1401,9 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
             rows = depthwise_weight_rows(config)
             flip = ([{"row_vb_inner": int(not rows["row_vb_inner"])}]
                     if rows["several_vec_blocks"] and not rows["pixel_sweep"] else [])
+            taps = [{"all_taps": 1}] if _all_taps_vectors(config) else []
             return [*flip, {"pixel_sweep": int(not rows["pixel_sweep"])},
-                    *([{"slide": 1}] if slides else [])]
+                    *([{"slide": 1}] if slides else []), *taps]
         flip = ([{"group_lanes": int(not weights_across_groups(config)["group_lanes"])}]
                 if weights_across_groups_eligible(config) else [])
         if weights_across_groups(config)["group_lanes"]:

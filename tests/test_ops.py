@@ -276,6 +276,73 @@ def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, ker
         run_with_plan(case, {}, isa, threads)
 
 
+ALL_TAPS_GEOMETRY = {
+    # 3x3, a channel tail (avx512: 5 vectors, blocks of 2 and a last 1), pads on one side
+    "3x3": dict(spatial=(9, 23), kernel=(3, 3), channels=72, batch=2,
+                attrs=dict(pads_begin=[1, 1], pads_end=[0, 1])),
+    # strides and dilation: columns some w taps never reach, rows some h taps skip
+    "strided": dict(spatial=(11, 17), kernel=(3, 2), channels=40, batch=1,
+                    attrs=dict(strides=[2, 3], dilations=[2, 1], pads_begin=[2, 0],
+                               pads_end=[1, 1])),
+    # 3-D: one register tile per kd; 1-D: a single h tap
+    "3d": dict(spatial=(4, 5, 9), kernel=(2, 3, 3), channels=24, batch=2,
+               attrs=dict(pads_begin=1, pads_end=[0, 1, 1])),
+    "1d": dict(spatial=(50,), kernel=(5,), channels=33, batch=3,
+               attrs=dict(dilations=[2], pads_begin=[4], pads_end=[3])),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geometry,plan,threads", [
+    ("3x3", {"all_taps": 1}, 2), ("3x3", {"all_taps": 1, "row_vb_inner": 1}, 1),
+    ("strided", {"all_taps": 1, "row_group_kb": 1}, 3), ("3d", {"all_taps": 1}, 2),
+    ("1d", {"all_taps": 1}, 2)])
+def test_depthwise_weights_with_every_tap_in_registers(isa, geometry, plan, threads):
+    """The all_taps plan (a tuning candidate): register tiles of every (kh, kw) tap of a
+    kd over groups of rows (by bytes; one row with row_vb_inner; row_group_kb 1: one row
+    each), exact on every path, with channel tails, strides, dilations, one-sided pads,
+    3-D and 1-D, on 1-3 threads. Where the taps do not fit beside a vector (5x5 on avx2)
+    the plan keeps the row kernels."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import depthwise_weight_rows
+
+    g = dict(ALL_TAPS_GEOMETRY[geometry])
+    channels = g.pop("channels")
+    case = make_case("ConvolutionBackwardWeights", **g, in_channels=channels,
+                     out_channels=channels, groups=channels, seed=12)
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     "f32").config.with_isa(isa)
+    rows = depthwise_weight_rows(config, plan)
+    assert rows["rows_template"] == "depthwise_taps.h.j2"
+    assert rows["row_vb_inner"] == bool(plan.get("row_vb_inner", 0))
+    assert not depthwise_weight_rows(config)["all_taps"]
+    run_with_plan(case, plan, isa, threads)
+
+
+def test_every_tap_in_registers_is_a_tuning_candidate_where_the_taps_fit():
+    """The planner (no CPU needed): all_taps is never the rules' plan; it is a candidate
+    where the taps of a kd and one diff_dst vector fit the accumulators (3x3: 2 vectors
+    on avx512, 1 on avx2; 5x5 avx512 only), and wins over pixel_sweep and slide."""
+    from convgrad.codegen.plan import candidates, depthwise_weight_rows
+
+    def config(kernel=(3, 3), isa="avx512"):
+        ones = (1,) * len(kernel)
+        return KernelConfig("bwd_weights", kernel, ones, ones, 256, 1, 1, "NXC", "XIO", "f32",
+                            isa)
+
+    for isa, kernel, vectors in (("avx512", (3, 3), 2), ("avx2", (3, 3), 1),
+                                 ("avx512", (5, 5), 1), ("avx512", (3, 3, 3), 2),
+                                 ("avx2", (7,), 1)):
+        c = config(kernel, isa)
+        assert not depthwise_weight_rows(c)["all_taps"] and {"all_taps": 1} in candidates(c)
+        forced = depthwise_weight_rows(c, {"all_taps": 1, "pixel_sweep": 1, "slide": 1})
+        assert forced["all_taps"] and forced["vec_block"] == vectors
+        assert not forced["pixel_sweep"] and not forced["slide_pixels"]
+    for too_many in (config((5, 5), "avx2"), config((7, 7), "avx512")):
+        assert not depthwise_weight_rows(too_many, {"all_taps": 1})["all_taps"]
+        assert {"all_taps": 1} not in candidates(too_many)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
 @pytest.mark.parametrize("width", [7, 14, 15, 40])

@@ -176,6 +176,14 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                             in_channels=44, out_channels=44, groups=44, batch=2,
                             attrs=dict(dilations=[1, 2], pads_begin=1, pads_end=[1, 2])),
                   {{"slide": 1, "row_vb_inner": 1}}, convgrad.cpu.available_isas()[0], 2)
+    # depthwise weights with every tap of a kd in registers, groups of one row (strides,
+    # dilation, one-sided pads, a channel tail)
+    from test_ops import ALL_TAPS_GEOMETRY
+    g = dict(ALL_TAPS_GEOMETRY["strided"])
+    c = g.pop("channels")
+    run_with_plan(make_case("ConvolutionBackwardWeights", **g, in_channels=c, out_channels=c,
+                            groups=c), {{"all_taps": 1, "row_group_kb": 1}},
+                  convgrad.cpu.available_isas()[0], 2)
     # across groups, an operand spread; 1x6: whole loads of partial vectors but in src's
     # last row
     from test_ops import GROUP_LANES_GEOMETRY
