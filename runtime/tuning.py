@@ -187,12 +187,12 @@ def plan_for(problem: Problem, config: KernelConfig, threads: int, how: str,
     if how == "off":
         return None
     threads = threads or get_num_threads()  # 0: the kernel takes OpenMP's default
-    sizes = sizes_of(problem)
-    key = (config, json.dumps(sizes), threads, how)
+    key = (config, problem.batch, problem.src_spatial, problem.dst_spatial,
+           problem.pads_begin, threads, how)
     with _memo_lock:
         if key in _memo:
             return _memo[key]
-    record = find(config, sizes, threads)
+    record = find(config, sizes_of(problem), threads)
     if record is None and how == "on":
         record = tune_problem(problem, config, threads, arrays)
         store([record])
