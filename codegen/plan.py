@@ -1269,10 +1269,12 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
 # its accumulators (rows x vectors, twice that with the odd partial sums of small tiles),
 # in units of one accumulator: to balance the two objects a lazy build compiles at once
 # (fit to GCC 12's times for the parts of ResNet-50 kernels compiled alone, Zen 4: about
-# 1 ms a unit). Channels-first kernels carry their transposes. The AMX path, always the
-# second object's, costs about AMX_COST (Sapphire Rapids, GCC 12: 0.15-0.25 s; NCX with
-# its channels-last copies).
-BASE_COST = {"NXC": 150, "NCX": 330}
+# 1 ms a unit). The copies of data kernels that pack their input and unpack their
+# result (pack_data, unpack_data: channels-first kernels' transposes) are the second
+# object's, SECOND_BASE_COST. The AMX path, always the second object's, costs about
+# AMX_COST (Sapphire Rapids, GCC 12: 0.15-0.25 s; NCX with its channels-last copies).
+BASE_COST = {"NXC": 150, "NCX": 180}
+SECOND_BASE_COST = {"NXC": 0, "NCX": 150}
 TILE_COST = 30
 AMX_COST = {"NXC": 150, "NCX": 250}
 
@@ -1287,7 +1289,8 @@ def split_tiles(data_format: str, tiles: list[tuple[int, int]],
         accumulators = tile[0] * tile[1]
         return TILE_COST + accumulators * (2 if accumulators < 8 else 1)
 
-    load = [BASE_COST[data_format], AMX_COST[data_format] if amx else 0]
+    load = [BASE_COST[data_format],
+            SECOND_BASE_COST[data_format] + (AMX_COST[data_format] if amx else 0)]
     second: list[tuple[str, tuple[int, int]]] = []
     named = [("tile", t) for t in tiles] + [("ncx", t) for t in ncx_tiles]
     for kind, tile in sorted(named, key=lambda n: -cost(n[1])):
@@ -1351,6 +1354,9 @@ def render_context(config: KernelConfig, generator_version: str,
         "weights_format": config.weights_format,
         # f32 channels-last data is used in place; anything else goes through f32 scratch.
         "pack_data": config.dtype != "f32" or config.data_format != "NXC",
+        # data kernels compile pack_data and unpack_data (NCX: the transposes) in the
+        # second object of a build in two (SECOND_BASE_COST)
+        "copies_in_second_part": config.family != "bwd_weights",
         "unroll_taps": f"#pragma GCC unroll {kernel_w}" if 1 < kernel_w <= MAX_UNROLLED_TAPS
         else "",
         "isa": config.isa,
