@@ -43,6 +43,9 @@ def _data_array(op: str, name: str, value) -> np.ndarray:
                         "or bfloat16 (ml_dtypes)")
     # C-contiguous and aligned to its element size (a view at an odd byte offset is
     # copied): the kernels read elements as C types
+    flags = value.flags
+    if flags.c_contiguous and flags.aligned:
+        return value
     return np.require(value, requirements=["C_CONTIGUOUS", "ALIGNED"])
 
 
@@ -101,7 +104,8 @@ def _freeze(value):
 
 
 def _plan(op: str, a_shape, b_shape, attrs: Mapping, shape_input, dtype: str):
-    """The resolved problem and the kernel configuration of a call, memoised."""
+    """The resolved problem, the kernel configuration of a call and a dict for the
+    problem's convgrad_dims by thread count, memoised."""
     isa = selected_isa()
     try:
         key = (op, a_shape, b_shape, dtype, isa, _freeze(shape_input),
@@ -111,7 +115,7 @@ def _plan(op: str, a_shape, b_shape, attrs: Mapping, shape_input, dtype: str):
     plan = _plans.get(key) if key is not None else None
     if plan is None:
         problem = resolve(op, (a_shape, b_shape), attrs, shape_input, dtype)
-        plan = (problem, problem.config.with_isa(isa))
+        plan = (problem, problem.config.with_isa(isa), {})  # and its dims by thread count
         if key is not None:
             if len(_plans) >= MAX_PLANS:
                 _plans.clear()
@@ -137,7 +141,8 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
         raise TypeError(f"{op}: {spec.inputs[0]} is {a.dtype} but {spec.inputs[1]} is "
                         f"{b.dtype}; expected one dtype")
     shape_input = _shape_input(op, spec.shape_name, inputs[2]) if len(inputs) > 2 else None
-    problem, config = _plan(op, a.shape, b.shape, attrs, shape_input, DTYPES[a.dtype])
+    problem, config, dims_by_threads = _plan(op, a.shape, b.shape, attrs, shape_input,
+                                             DTYPES[a.dtype])
     if out is None:
         out = kernels.empty_output(problem.output_shape, a.dtype)
     else:
@@ -148,7 +153,9 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
     plan = tuning.plan_for(problem, config, threads, tuning.mode(tune), (a, b))
     kernel = get_kernel(config, plan)
     first, second = (b, a) if problem.swap_inputs else (a, b)
-    dims = kernels.dims_of(problem, threads)
+    dims = dims_by_threads.get(threads)
+    if dims is None:  # read only by the kernels: shared by calls
+        dims = dims_by_threads[threads] = kernels.dims_of(problem, threads)
     kernels.call(kernel, problem, dims, first, second, out, _workspace(kernel.workspace_size(dims)))
     return out
 
