@@ -504,8 +504,8 @@ CHILD = textwrap.dedent("""
                                                     num_threads=2, tune=False)
     from convgrad.api import _plan
     from convgrad.cpu import selected_isa
-    problem, config = _plan("ConvolutionBackwardWeights", src.shape, dd.shape,
-                            {"weights_shape": [1, 1]}, None, "f32")
+    problem, config, _ = _plan("ConvolutionBackwardWeights", src.shape, dd.shape,
+                               {"weights_shape": [1, 1]}, None, "f32")
     plan = tuning.plan_for(problem, config, 2, tuning.mode(), (src, dd))
     print(json.dumps({"timings": tuning.timings_run, "plan": plan,
                       "same": bool(np.array_equal(result, untuned)),
