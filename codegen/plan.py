@@ -1284,7 +1284,7 @@ def split_tiles(data_format: str, tiles: list[tuple[int, int]],
                 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """The tiles a direct kernel's second object defines (see functions.h.j2): the
     costliest first, each to the object with less to compile so far (the second holds
-    the AMX path, where there is one)."""
+    a data kernel's copies, SECOND_BASE_COST, and the AMX path, where there is one)."""
     def cost(tile: tuple[int, int]) -> int:
         accumulators = tile[0] * tile[1]
         return TILE_COST + accumulators * (2 if accumulators < 8 else 1)

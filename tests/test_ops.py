@@ -278,17 +278,18 @@ def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, ker
 
 ALL_TAPS_GEOMETRY = {
     # 3x3, a channel tail (avx512: 5 vectors, blocks of 2 and a last 1), pads on one side
-    "3x3": dict(spatial=(9, 23), kernel=(3, 3), channels=72, batch=2,
-                attrs=dict(pads_begin=[1, 1], pads_end=[0, 1])),
+    "3x3": dict(spatial=(9, 23), kernel=(3, 3), in_channels=72, out_channels=72, groups=72,
+                batch=2, attrs=dict(pads_begin=[1, 1], pads_end=[0, 1])),
     # strides and dilation: columns some w taps never reach, rows some h taps skip
-    "strided": dict(spatial=(11, 17), kernel=(3, 2), channels=40, batch=1,
+    "strided": dict(spatial=(11, 17), kernel=(3, 2), in_channels=40, out_channels=40,
+                    groups=40, batch=1,
                     attrs=dict(strides=[2, 3], dilations=[2, 1], pads_begin=[2, 0],
                                pads_end=[1, 1])),
     # 3-D: one register tile per kd; 1-D: a single h tap
-    "3d": dict(spatial=(4, 5, 9), kernel=(2, 3, 3), channels=24, batch=2,
-               attrs=dict(pads_begin=1, pads_end=[0, 1, 1])),
-    "1d": dict(spatial=(50,), kernel=(5,), channels=33, batch=3,
-               attrs=dict(dilations=[2], pads_begin=[4], pads_end=[3])),
+    "3d": dict(spatial=(4, 5, 9), kernel=(2, 3, 3), in_channels=24, out_channels=24,
+               groups=24, batch=2, attrs=dict(pads_begin=1, pads_end=[0, 1, 1])),
+    "1d": dict(spatial=(50,), kernel=(5,), in_channels=33, out_channels=33, groups=33,
+               batch=3, attrs=dict(dilations=[2], pads_begin=[4], pads_end=[3])),
 }
 
 
@@ -306,10 +307,7 @@ def test_depthwise_weights_with_every_tap_in_registers(isa, geometry, plan, thre
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import depthwise_weight_rows
 
-    g = dict(ALL_TAPS_GEOMETRY[geometry])
-    channels = g.pop("channels")
-    case = make_case("ConvolutionBackwardWeights", **g, in_channels=channels,
-                     out_channels=channels, groups=channels, seed=12)
+    case = make_case("ConvolutionBackwardWeights", **ALL_TAPS_GEOMETRY[geometry], seed=12)
     config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
                      "f32").config.with_isa(isa)
     rows = depthwise_weight_rows(config, plan)

@@ -179,11 +179,8 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     # depthwise weights with every tap of a kd in registers, groups of one row (strides,
     # dilation, one-sided pads, a channel tail)
     from test_ops import ALL_TAPS_GEOMETRY
-    g = dict(ALL_TAPS_GEOMETRY["strided"])
-    c = g.pop("channels")
-    run_with_plan(make_case("ConvolutionBackwardWeights", **g, in_channels=c, out_channels=c,
-                            groups=c), {{"all_taps": 1, "row_group_kb": 1}},
-                  convgrad.cpu.available_isas()[0], 2)
+    run_with_plan(make_case("ConvolutionBackwardWeights", **ALL_TAPS_GEOMETRY["strided"]),
+                  {{"all_taps": 1, "row_group_kb": 1}}, convgrad.cpu.available_isas()[0], 2)
     # across groups, an operand spread; 1x6: whole loads of partial vectors but in src's
     # last row
     from test_ops import GROUP_LANES_GEOMETRY
