@@ -321,18 +321,36 @@ SUMS_IN_OUTPUT_MAX_ROW = {8: 2048}
 NCX_IN_PLACE_MAX_SUMS = {16: 1024 * 1024, 8: SUMS_IN_L2_BYTES}
 PACKED_NCX_VENDORS = {"avx2": ("GenuineIntel",)}
 INTEL_NCX_IN_PLACE_MAX_SUMS = 64 * 1024
-# ...except 1x1 f32 channels-last layers whose rows a tile reads well in place: pixel
-# strides under 2 KB (no 4K aliasing), and on avx512 whole lines of diff_dst per tile.
-# Measured on Zen 4, 1 thread, 1x1 layers of 14-56 pixels square, GFLOP/s packed -> in
-# place: avx512 64->64 68 -> 97, 256->64 76 -> 92, 256->256 93 -> 95, 512->64 77 -> 65;
-# avx2 (tiles of 24 output channels) 256->64 69 -> 84, 64->64 59 -> 50, 256->128 79 -> 71.
-# Not strided 1x1 layers: read in place, the skipped pixels' lines of src come in too
-# (the prefetchers follow the rows), packed panels hold only the pixels read. Sapphire
-# Rapids avx512, 1x1 256->128 stride 2 (56x56), pair ratios in place / packed on 1 / 2
-# threads: batch 2 1.08 / 1.02, 8 1.07 / 1.14, 16 1.04 / 1.12, 32 1.11 / 1.11.
-IN_PLACE_MAX_CIN = {16: 511, 8: 1024}
-IN_PLACE_MAX_COUT = {16: 256, 8: 64}
-IN_PLACE_MIN_CIN = {16: 1, 8: 128}
+# ...except 1x1 f32 channels-last layers (any stride) with at most IN_PLACE_MAX_COUT
+# outputs and IN_PLACE_MAX_CIN inputs (and on avx2 at most IN_PLACE_MAX_SUMS bytes of
+# sums): their tiles read src and diff_dst in place, each pixel's rows whole lines. Zen 4,
+# batch 8, interleaved pair ratios in place / packed, 1 / 2 threads (ResNet-50 layers and
+# others on the same images): avx512 64->256 and 64->64 1.00 / 1.00-1.02 (in place
+# already), 512->64 1.26-1.27 / 1.30-1.33, 1024->64 1.15-1.17 / 1.26-1.27, 128->512
+# 1.07-1.08 / 1.08, 512->128 1.01-1.05 / 1.05-1.07, 1024->256 1.04-1.05 / 1.06-1.08,
+# 2048->256 1.04 / 1.03-1.05, 512->512 0.95 / 1.05, 1024->512 1.01 / 1.01-1.05, 2048->512
+# 0.99 / 0.98-1.06; strided 256->128 1.10-1.13 / 1.15-1.20, 256->512 1.07-1.08 /
+# 1.08-1.09, 512->256 1.00-1.02 / 1.04-1.06, 1024->512 1.03-1.04 / 1.14-1.19; but 1024
+# and more outputs lose (256->1024 0.95-0.96 / 0.98-1.00, 512->2048 0.85-0.88, strided
+# 512->1024 0.93-0.97 / 0.95, 1024->2048 0.80 / 0.91). avx2 (tiles of 24 or 16 outputs):
+# 32->64 on 112x112 1.14 / 1.40, 64->256 1.10 / 1.19, 64->64 1.09 / 1.10, 128->128
+# 1.04-1.05 / 1.05-1.07, 256->64 and 512->64 1.12-1.21 / 1.15-1.16 (in place already),
+# strided 256->128 1.07-1.08 / 1.11-1.14, 256->256 1.00 / 0.98-1.01, 512->128 0.97 /
+# 1.00; but 128->512 0.94 / 0.94-0.97, strided 256->512 0.78 / 0.91, 512->256 0.78 /
+# 0.89-1.04 and larger 0.52-0.82.
+IN_PLACE_MAX_CIN = {16: 2048, 8: 1024}
+IN_PLACE_MAX_COUT = {16: 512, 8: 256}
+IN_PLACE_MAX_SUMS = {8: 256 * 1024}
+# Intel's cores keep the limits the rules had on Sapphire Rapids (a vendor's rule is a
+# plan: vendor_plan): stride 1, inputs INTEL_IN_PLACE_CIN, outputs up to
+# INTEL_IN_PLACE_MAX_COUT. There, strided layers read in place also bring in the lines of
+# the pixels a stride skips (Sapphire Rapids avx512, 1x1 256->128 stride 2, time in place
+# / packed, 1 / 2 threads: batch 2 1.08 / 1.02, 8 1.07 / 1.14, 16 1.04 / 1.12, 32 1.11 /
+# 1.11), and long rows a power of two apart share a few cache sets (Ice Lake avx2, 1x1
+# 1024->256: 47 GFLOP/s in place, 93 from panels).
+PACKED_NXC_VENDORS = ("GenuineIntel",)
+INTEL_IN_PLACE_CIN = {16: (1, 511), 8: (128, 1024)}
+INTEL_IN_PLACE_MAX_COUT = {16: 256, 8: 64}
 
 # Products a register accumulates before adding them to a sum in memory (fixed order).
 # Weight gradients take shorter chains: with 128, ResNet-50's 1x1 res5 weight gradients
@@ -503,10 +521,30 @@ def vendor_plan(config: KernelConfig, vendor: str,
     if (vendor in PACKED_NCX_VENDORS.get(config.isa, ()) and _ncx_in_place(config)
             and _weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS):
         return {"packed": 1, **plan}
+    if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
+            and not _nxc_in_place(config, intel=True)):
+        return {"packed": 1, **plan}
     across = config.depthwise or data_across_groups(config)
     if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
         return {"vec_block": MAX_VECTOR_BLOCK[config.isa], **plan}
     return plan
+
+
+def _nxc_in_place(config: KernelConfig, intel: bool = False) -> bool:
+    """Whether a channels-last weight gradient's tiles read both inputs in place by the
+    rules (IN_PLACE_MAX_CIN and the limits beside it), or by Intel's (`intel`)."""
+    lanes = VECTOR_LANES[config.isa]
+    if not (config.family == "bwd_weights" and config.data_format == "NXC"
+            and config.dtype == "f32" and lanes in IN_PLACE_MAX_CIN
+            and all(k == 1 for k in config.kernel)):
+        return False
+    cin, cout = config.groups * config.cin_per_group, config.groups * config.cout_per_group
+    if intel:
+        low, high = INTEL_IN_PLACE_CIN[lanes]
+        return config.pointwise and low <= cin <= high and cout <= INTEL_IN_PLACE_MAX_COUT[lanes]
+    sums = _weight_sums_bytes(config)
+    return (cin <= IN_PLACE_MAX_CIN[lanes] and cout <= IN_PLACE_MAX_COUT[lanes]
+            and sums <= IN_PLACE_MAX_SUMS.get(lanes, sums))
 
 
 def _ncx_in_place(config: KernelConfig) -> bool:
@@ -661,9 +699,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         in_place = cout <= cin and sums_bytes <= NCX_IN_PLACE_MAX_SUMS.get(
             lanes, NCX_IN_PLACE_MAX_SUMS[8])
     else:
-        in_place = (config.dtype == "f32" and lanes in IN_PLACE_MAX_CIN and config.pointwise
-                    and IN_PLACE_MIN_CIN[lanes] <= cin <= IN_PLACE_MAX_CIN[lanes]
-                    and cout <= IN_PLACE_MAX_COUT[lanes])
+        in_place = _nxc_in_place(config)
     packed = not flatten_w and not dot and bool(plan.get(
         "packed", not in_place and fmas_per_value >= PACKED_MIN_FMAS))
     # Otherwise tiles broadcast src values, so NCX src needs no transpose: each tile row

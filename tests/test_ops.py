@@ -1392,6 +1392,25 @@ def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtyp
         run_with_plan(case, {"packed": 1}, isa, threads)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_strided_pointwise_weight_gradient_read_in_place(isa, monkeypatch):
+    """1x1 f32 channels-last weight gradients with strides read both inputs in place by
+    the rules (the pixels a stride skips never enter a sum): exact with channel tails and
+    pads, the same bits on 1 and 2 threads, on every path."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import VECTOR_LANES, weight_tiles
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case("ConvolutionBackwardWeights", spatial=(23, 30), kernel=(1, 1),
+                     in_channels=70, out_channels=38, batch=3, seed=5,
+                     attrs=dict(strides=[2, 3], pads_begin=[1, 0], pads_end=[0, 2]))
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     "f32").config.with_isa(isa)
+    assert weight_tiles(config)["packed"] == (VECTOR_LANES[isa] < 8)
+    for threads in (1, 2):
+        run_with_plan(case, {}, isa, threads)
+
+
 SLICED_WEIGHT_GEOMETRY = {
     # 1x1: read in place (channels-last f32 on avx512) or from packed panels
     "1x1": dict(spatial=(32, 33), kernel=(1, 1), in_channels=150, out_channels=40, batch=4),
@@ -1626,16 +1645,20 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
     assert not packed((3, 3), 1, 64, 64, "NCX")  # 144 KB: in place while the sums fit L2
     assert packed((3, 3), 1, 64, 64, "NXC")
     assert not packed((1, 1, 1), 10, 1, 2, "NXC")    # grouped 1x1, 1 -> 2 per group: 0.7
-    # 1x1 f32 channels-last: short rows are read in place, long ones packed
-    assert packed((1, 1), 1, 2048, 64, "NXC")        # 8 KB between pixels of src
-    assert packed((1, 1), 1, 256, 512, "NXC")
+    # 1x1 f32 channels-last, any stride: read in place up to 512 outputs on avx512, 256
+    # outputs and 256 KB of sums on avx2 (IN_PLACE_MAX_COUT, IN_PLACE_MAX_SUMS), else packed
+    assert packed((1, 1), 1, 4096, 64, "NXC")        # past IN_PLACE_MAX_CIN on both
+    assert packed((1, 1), 1, 2048, 64, "NXC") == (isa == "avx2")  # 512 KB of sums
+    assert packed((1, 1), 1, 256, 512, "NXC") == (isa == "avx2")
+    assert packed((1, 1), 1, 256, 1024, "NXC")
     assert packed((1, 1), 1, 256, 64, "NXC", "f16")  # widened: always packed
-    assert not packed((1, 1), 1, 256, 64, "NXC")
-    assert packed((1, 1), 1, 64, 64, "NXC") == (isa == "avx2")
-    assert packed((1, 1), 1, 256, 128, "NXC") == (isa == "avx2")
+    for cin, cout in ((256, 64), (64, 64), (256, 128), (64, 256), (1024, 64)):
+        assert not packed((1, 1), 1, cin, cout, "NXC"), (cin, cout)
+    assert packed((1, 1), 1, 1024, 128, "NXC") == (isa == "avx2")
     strided = KernelConfig("bwd_weights", (1, 1), (2, 2), (1, 1), 1, 256, 128, "NXC", "XIO",
-                           "f32", isa)  # strided 1x1: only the pixels read, packed
-    assert weight_tiles(strided)["packed"]
+                           "f32", isa)  # strided 1x1 alike
+    assert not weight_tiles(strided)["packed"]
+    assert weight_tiles(replace(strided, cout_per_group=1024))["packed"]
     ncx = KernelConfig("bwd_weights", (1, 1), (1, 1), (1, 1), 1, 256, 1024, "NCX", "OIX",
                        "f32", isa)
     assert weight_tiles(ncx)["vec_block"] == 2

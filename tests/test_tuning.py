@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -165,8 +166,37 @@ def test_ncx_weights_read_in_place_while_sums_stay_in_l2_but_on_intel_avx2():
             config, "GenuineIntel")
         assert vendor_plan(config, "AuthenticAMD") == {} and {"packed": 1} in candidates(config)
     for other in (large, mid.with_isa("avx512"), ncx((1, 1), 128, 512),
-                  _config("bwd_weights", (1, 1), 512, 128, isa="avx2")):
+                  _config("bwd_weights", (1, 1), 512, 256, isa="avx2")):
         assert vendor_plan(other, "GenuineIntel") == {}, other.name
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_nxc_pointwise_weights_read_in_place_but_on_intel_as_there(isa):
+    """1x1 f32 channels-last weight gradients, strided or not, read in place by the rules
+    up to IN_PLACE_MAX_COUT outputs (Zen 4); on Intel the rules' plan packs where its
+    own limits (stride 1, INTEL_IN_PLACE_CIN, INTEL_IN_PLACE_MAX_COUT) would, and reading
+    in place stays a candidate there."""
+    from convgrad.codegen.plan import vendor_plan
+
+    def nxc(cin, cout, stride=1):
+        return replace(_config("bwd_weights", (1, 1), cin, cout, isa=isa),
+                       strides=(stride, stride))
+
+    # Intel's limits: inputs from 128 on avx2 (and outputs to 64), to 511 on avx512
+    apart = [nxc(64, 64), nxc(128, 128)] if isa == "avx2" else [nxc(512, 64), nxc(1024, 256)]
+    for config in (nxc(256, 128, 2), *apart):
+        assert not weight_tiles(config)["packed"], config.name
+        intel = vendor_plan(config, "GenuineIntel")
+        assert intel == {"packed": 1} and weight_tiles(config, intel)["packed"], config.name
+        assert candidates(config, "GenuineIntel")[0] == intel and {} in candidates(
+            config, "GenuineIntel")
+        assert vendor_plan(config, "AuthenticAMD") == {} and {"packed": 1} in candidates(config)
+    same_on_intel = nxc(256, 64)  # in place by both rules
+    assert not weight_tiles(same_on_intel)["packed"]
+    assert vendor_plan(same_on_intel, "GenuineIntel") == {}
+    packed_by_both = nxc(256, 1024)
+    assert weight_tiles(packed_by_both)["packed"]
+    assert vendor_plan(packed_by_both, "GenuineIntel") == {}
 
 
 def test_intel_widens_bf16():
