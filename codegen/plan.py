@@ -338,6 +338,15 @@ INTEL_NCX_IN_PLACE_MAX_SUMS = 64 * 1024
 # strided 256->128 1.07-1.08 / 1.11-1.14, 256->256 1.00 / 0.98-1.01, 512->128 0.97 /
 # 1.00; but 128->512 0.94 / 0.94-0.97, strided 256->512 0.78 / 0.91, 512->256 0.78 /
 # 0.89-1.04 and larger 0.52-0.82.
+# On avx512 any kernel's layers do (the channels-last rows of each tap read in place):
+# 3x3 64->64 on 56x56 1.04 / 1.06, 128->128 on 28x28 1.03 / 1.03, 256 on 14x14 1.00 /
+# 1.03, 512 on 7x7 1.01 / 1.02, 64->128 1.04 / 1.04, 32->32 on 112x112 1.08 / 1.09,
+# stride 2 128->128 1.08-1.09 / 1.09, dilation 2 256->256 0.98-0.99 / 1.01-1.08, 5x5
+# 128->128 on 28x28 1.00 / 1.22, 3x3x3 64->64 on 14x14x14 1.06 / 1.08, 1-D kernel 3 256
+# on 512 columns 1.01 / 1.08-1.09, groups of 32 and 64 channels 1.05-1.06 / 1.02-1.05
+# (the tuner picked it for ResNet-50's first two 3x3 layers too); avx2's 3x3 layers
+# break even (0.99-1.01) and keep their panels.
+IN_PLACE_ANY_KERNEL_LANES = (16,)
 IN_PLACE_MAX_CIN = {16: 2048, 8: 1024}
 IN_PLACE_MAX_COUT = {16: 512, 8: 256}
 IN_PLACE_MAX_SUMS = {8: 256 * 1024}
@@ -522,7 +531,8 @@ def vendor_plan(config: KernelConfig, vendor: str,
             and _weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS):
         return {"packed": 1, **plan}
     if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
-            and not _nxc_in_place(config, intel=True)):
+            and not _nxc_in_place(config, intel=True)
+            and weight_tiles(config, {"packed": 1})["packed"]):
         return {"packed": 1, **plan}
     across = config.depthwise or data_across_groups(config)
     if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
@@ -534,14 +544,16 @@ def _nxc_in_place(config: KernelConfig, intel: bool = False) -> bool:
     """Whether a channels-last weight gradient's tiles read both inputs in place by the
     rules (IN_PLACE_MAX_CIN and the limits beside it), or by Intel's (`intel`)."""
     lanes = VECTOR_LANES[config.isa]
+    one_tap = all(k == 1 for k in config.kernel)
     if not (config.family == "bwd_weights" and config.data_format == "NXC"
             and config.dtype == "f32" and lanes in IN_PLACE_MAX_CIN
-            and all(k == 1 for k in config.kernel)):
+            and (one_tap or lanes in IN_PLACE_ANY_KERNEL_LANES)):
         return False
     cin, cout = config.groups * config.cin_per_group, config.groups * config.cout_per_group
     if intel:
         low, high = INTEL_IN_PLACE_CIN[lanes]
-        return config.pointwise and low <= cin <= high and cout <= INTEL_IN_PLACE_MAX_COUT[lanes]
+        return (one_tap and config.pointwise and low <= cin <= high
+                and cout <= INTEL_IN_PLACE_MAX_COUT[lanes])
     sums = _weight_sums_bytes(config)
     return (cin <= IN_PLACE_MAX_CIN[lanes] and cout <= IN_PLACE_MAX_COUT[lanes]
             and sums <= IN_PLACE_MAX_SUMS.get(lanes, sums))

@@ -171,11 +171,12 @@ def test_ncx_weights_read_in_place_while_sums_stay_in_l2_but_on_intel_avx2():
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
-def test_nxc_pointwise_weights_read_in_place_but_on_intel_as_there(isa):
-    """1x1 f32 channels-last weight gradients, strided or not, read in place by the rules
-    up to IN_PLACE_MAX_COUT outputs (Zen 4); on Intel the rules' plan packs where its
-    own limits (stride 1, INTEL_IN_PLACE_CIN, INTEL_IN_PLACE_MAX_COUT) would, and reading
-    in place stays a candidate there."""
+def test_nxc_weights_read_in_place_but_on_intel_as_there(isa):
+    """f32 channels-last weight gradients read in place by the rules: 1x1 layers of any
+    stride up to IN_PLACE_MAX_COUT outputs, on avx512 any kernel's (Zen 4). On Intel the
+    rules' plan packs where its own limits (1x1 stride 1, INTEL_IN_PLACE_CIN,
+    INTEL_IN_PLACE_MAX_COUT) would, and reading in place stays a candidate there; layers
+    tiled over (kw, channel) rows, which never pack, keep their plan."""
     from convgrad.codegen.plan import vendor_plan
 
     def nxc(cin, cout, stride=1):
@@ -183,7 +184,9 @@ def test_nxc_pointwise_weights_read_in_place_but_on_intel_as_there(isa):
                        strides=(stride, stride))
 
     # Intel's limits: inputs from 128 on avx2 (and outputs to 64), to 511 on avx512
-    apart = [nxc(64, 64), nxc(128, 128)] if isa == "avx2" else [nxc(512, 64), nxc(1024, 256)]
+    three = _config("bwd_weights", (3, 3), 64, 64, isa=isa)  # avx512: any kernel
+    apart = ([nxc(64, 64), nxc(128, 128)] if isa == "avx2"
+             else [nxc(512, 64), nxc(1024, 256), three])
     for config in (nxc(256, 128, 2), *apart):
         assert not weight_tiles(config)["packed"], config.name
         intel = vendor_plan(config, "GenuineIntel")
@@ -194,9 +197,11 @@ def test_nxc_pointwise_weights_read_in_place_but_on_intel_as_there(isa):
     same_on_intel = nxc(256, 64)  # in place by both rules
     assert not weight_tiles(same_on_intel)["packed"]
     assert vendor_plan(same_on_intel, "GenuineIntel") == {}
-    packed_by_both = nxc(256, 1024)
-    assert weight_tiles(packed_by_both)["packed"]
-    assert vendor_plan(packed_by_both, "GenuineIntel") == {}
+    for packed_by_both in (nxc(256, 1024), *([three] if isa == "avx2" else [])):
+        assert weight_tiles(packed_by_both)["packed"]
+        assert vendor_plan(packed_by_both, "GenuineIntel") == {}
+    few_inputs = _config("bwd_weights", (7, 7), 3, 64, isa=isa)  # (kw, channel) rows: never
+    assert vendor_plan(few_inputs, "GenuineIntel") == {}
 
 
 def test_intel_widens_bf16():
