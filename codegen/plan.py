@@ -532,7 +532,8 @@ def vendor_plan(config: KernelConfig, vendor: str,
         return {"packed": 1, **plan}
     if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
             and not _nxc_in_place(config, intel=True)
-            and weight_tiles(config, {"packed": 1})["packed"]):
+            and _body(config, EMPTY_PLAN)["body"] == "bwd_weights.c.j2"
+            and _body(config, {"packed": 1})["body"] == "bwd_weights_packed.c.j2"):
         return {"packed": 1, **plan}
     across = config.depthwise or data_across_groups(config)
     if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
