@@ -1624,9 +1624,9 @@ def test_grouped_layers_across_groups_by_rule():
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
 def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
-    """The planner's rule (pure: no CPU needed), on both vector widths; strided 1x1
-    channels-last layers pack; 1x1 stride-1 NCX layers whose sums exceed L2 take blocks
-    of 2 vectors."""
+    """The planner's rule (pure: no CPU needed), on both vector widths; f32
+    channels-last layers read in place within IN_PLACE_MAX_COUT (avx2: 1x1 ones only);
+    1x1 stride-1 NCX layers whose sums exceed L2 take blocks of 2 vectors."""
     from convgrad.codegen.plan import weight_tiles
 
     def packed(kernel, groups, cin_per_group, cout_per_group, data_format, dtype="f32"):
