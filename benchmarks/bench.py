@@ -350,6 +350,7 @@ class Case:
     ours: Callable[..., np.ndarray]
     torch_call: Callable[[], object] | None
     template: Row
+    inputs: tuple[np.ndarray, np.ndarray]  # convgrad's first two inputs, in its layouts
 
 
 def _aligned(values: np.ndarray) -> np.ndarray:
@@ -391,7 +392,7 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
         row.note = "torch: symmetric pads_begin, other output size"
     if min(dst) < 1:
         row.note = "torch: no output with symmetric pads_begin; not run"
-        return Case(layer, ours, None, row)
+        return Case(layer, ours, None, row, (a, b))
     row.torch_flops = replace(sized, dst=dst).flops
 
     generator = torch.Generator().manual_seed(0)
@@ -422,7 +423,7 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
             grad_output, source, weight, None, list(conv.strides), list(conv.pads_begin),
             list(conv.dilations), False, [0] * rank, g, mask)[index]
 
-    return Case(layer, ours, None if args.no_torch else torch_call, row)
+    return Case(layer, ours, None if args.no_torch else torch_call, row, (a, b))
 
 
 def compare(case: Case, ours: np.ndarray, theirs: torch.Tensor, data_format: str) -> float:

@@ -92,3 +92,37 @@ def test_rounds_run_every_case_again(tmp_path, capsys):
     assert capsys.readouterr().err.count("round 2: ") == 1
     (row,) = csv.DictReader((tmp_path / "results.csv").open())
     assert int(row["ours_calls"]) >= 6 and not row["note"].startswith("MISMATCH")
+
+
+def test_pair_plans_times_each_plan_in_its_own_kernel(capsys, monkeypatch):
+    """benchmarks/pair_plans.py runs every plan given in a kernel of its own on the
+    benchmark's inputs, between PyTorch's calls, and prints each one's GFLOP/s and its
+    ratio to the first plan's per repeat; a plan with an unknown choice is refused."""
+    import pair_plans
+
+    from convgrad import kernels
+
+    loaded = []
+    get_kernel = kernels.get_kernel
+
+    def recording(config, plan=None):
+        kernel = get_kernel(config, plan)
+        loaded.append((plan, kernel.name))
+        return kernel
+
+    monkeypatch.setattr(kernels, "get_kernel", recording)
+    status = pair_plans.main(["--layers", "res2a_branch2a", "--batch", "1", "--threads", "1",
+                              "--min-time", "0.01", "--repeats", "2", "--plan", "{}",
+                              "--plan", '{"packed": 1}'])
+    assert status == 0
+    assert [plan for plan, _ in loaded] == [{}, {"packed": 1}]
+    assert loaded[0][1] != loaded[1][1]
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()
+             if "GFLOP/s" in line and "ratio" in line and "torch" in line]
+    assert [line[0] for line in lines] == ["1", "1", "2", "2"]
+    for repeat in (lines[:2], lines[2:]):
+        assert repeat[0][repeat[0].index("ratio") + 1] == "1.000"
+        assert all(float(line[line.index("GFLOP/s") - 1]) > 0 for line in repeat)
+    with pytest.raises(SystemExit):
+        pair_plans.main(["--layers", "res2a_branch2a", "--plan", "{}",
+                         "--plan", '{"no_such_choice": 1}'])
