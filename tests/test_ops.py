@@ -1692,7 +1692,8 @@ def test_weight_tiles_of_near_equal_height():
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypatch):
     """Weight sums that stay in L2 take chunks of about 128 pixels (512 for f32 NCX
-    layers with few multiply-adds per pixel); larger ones chunks of 1 MB of rows, but on
+    layers with few multiply-adds per pixel, 64 for f32 NXC ones read in place on
+    avx512); larger ones chunks of 1 MB of rows, but on
     the avx2 path kernels whose rows overlap along h keep chunks of pixels. Each runs
     several chunks here (rows of 5 pixels: 104 rows are 2-5 small chunks, or 2 large ones
     for 280 x 300 channels), exact on 1 and 2 threads, and so does the plan with the
@@ -1701,6 +1702,7 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
         CHUNK_PIXELS,
         NCX_LIGHT_CHUNK_PIXELS,
         NCX_LIGHT_MACS,
+        NXC_IN_PLACE_CHUNK_PIXELS,
         VECTOR_LANES,
         weight_tiles,
     )
@@ -1710,7 +1712,8 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
                             data_format, "XIO", dtype).with_isa(isa)
 
     by_pixels = isa == "avx2"
-    light = NCX_LIGHT_CHUNK_PIXELS if data_format == "NCX" else CHUNK_PIXELS
+    light = (NCX_LIGHT_CHUNK_PIXELS if data_format == "NCX"
+             else NXC_IN_PLACE_CHUNK_PIXELS.get(VECTOR_LANES[isa], CHUNK_PIXELS))
     assert weight_tiles(config(20))["chunk_pixels"] == light  # 3600 multiply-adds a pixel
     if data_format == "NCX":  # 1x1: 128 x 128 multiply-adds a pixel, then more
         assert weight_tiles(config(128, (1, 1)))["chunk_pixels"] == NCX_LIGHT_CHUNK_PIXELS
