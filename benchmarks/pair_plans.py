@@ -110,12 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         for conv in convs:
             case = bench.prepare(conv, args.op, args.set, args, rng)
             flops = case.template.flops
+            torch_flops = case.template.torch_flops or flops  # its own output size, if other
             for threads in args.threads:
                 print(f"\n{conv.name}, {threads} thread(s)")
                 for number, repeat in enumerate(pair(case, args.plans, threads, args), 1):
                     base = repeat[0][0]
                     for plan, (ours, theirs) in zip(args.plans, repeat, strict=True):
-                        torch_text = f"  torch {flops / theirs / 1e9:7.1f}" if theirs else ""
+                        torch_text = f"  torch {torch_flops / theirs / 1e9:7.1f}" if theirs else ""
                         print(f"  {number}  {json.dumps(plan):36s} {flops / ours / 1e9:7.1f} "
                               f"GFLOP/s  ratio {base / ours:.3f}{torch_text}")
     return 0
