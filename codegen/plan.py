@@ -316,11 +316,17 @@ SUMS_IN_OUTPUT_MAX_ROW = {8: 2048}
 # 0.94-0.95, 3x3 128->128 on 28x28 0.87-0.91 / 0.90-0.91, 1x1 on 28x28 256->128
 # 0.87-0.88 / 0.83-0.86, 512->128 0.84 / 0.85 (bf16 0.86-0.87 / 0.89-0.90), 512->256
 # 0.96 / 0.93-0.97 (14x14 0.94-0.97 / 0.87-0.88), stride 2 256->128 0.89-0.90 / 0.90-0.91;
-# but 1024->256 (1 MB) 1.32-1.33 / 1.45-1.52. Intel's cores keep 64 KB
+# but 1024->256 (1 MB) 1.32-1.33 / 1.45-1.52. On avx512, kernels of several taps read
+# in place up to NCX_IN_PLACE_MAX_TAPS_SUMS: Zen 4, batch 8, pair ratios in place /
+# packed, 1 / 2 threads: 3x3 256->256 on 14x14 (2.4 MB) 1.04 / 1.07, on 28x28 1.03 /
+# 1.12-1.13, 192->192 on 28x28 (1.3 MB) 1.04 / 1.07, 384->256 on 14x14 (3.5 MB) 1.03-1.04
+# / 1.17; not 512->512 on 7x7 (9.4 MB: 0.96-0.97 / 1.12-1.13), nor 1x1 layers (1024->512,
+# 2 MB: 0.99 / 0.91). Intel's cores keep 64 KB on avx2 and 1 MB on avx512
 # (INTEL_NCX_IN_PLACE_MAX_SUMS): a vendor's rule is a plan (vendor_plan).
 NCX_IN_PLACE_MAX_SUMS = {16: 1024 * 1024, 8: SUMS_IN_L2_BYTES}
-PACKED_NCX_VENDORS = {"avx2": ("GenuineIntel",)}
-INTEL_NCX_IN_PLACE_MAX_SUMS = 64 * 1024
+NCX_IN_PLACE_MAX_TAPS_SUMS = {16: 4 * 1024 * 1024}
+PACKED_NCX_VENDORS = {"avx2": ("GenuineIntel",), "avx512": ("GenuineIntel",)}
+INTEL_NCX_IN_PLACE_MAX_SUMS = {8: 64 * 1024, 16: NCX_IN_PLACE_MAX_SUMS[16]}
 # ...except 1x1 f32 channels-last layers (any stride) with at most IN_PLACE_MAX_COUT
 # outputs and IN_PLACE_MAX_CIN inputs (and on avx2 at most IN_PLACE_MAX_SUMS bytes of
 # sums): their tiles read src and diff_dst in place, each pixel's rows whole lines. Zen 4,
@@ -528,7 +534,8 @@ def vendor_plan(config: KernelConfig, vendor: str,
     if vendor in WIDEN_BF16_VENDORS and uses_bf16_dot(config):
         return {"bf16_dot": 0, **plan}
     if (vendor in PACKED_NCX_VENDORS.get(config.isa, ()) and _ncx_in_place(config)
-            and _weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS):
+            and _weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS[
+                VECTOR_LANES[config.isa]]):
         return {"packed": 1, **plan}
     if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
             and not _nxc_in_place(config, intel=True)
@@ -709,8 +716,10 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         channels * kd_kh + config.cout_per_group)
     cin, cout = config.groups * channels, config.groups * config.cout_per_group
     if config.data_format == "NCX":
-        in_place = cout <= cin and sums_bytes <= NCX_IN_PLACE_MAX_SUMS.get(
-            lanes, NCX_IN_PLACE_MAX_SUMS[8])
+        most = NCX_IN_PLACE_MAX_SUMS.get(lanes, NCX_IN_PLACE_MAX_SUMS[8])
+        if not one_tap:
+            most = max(most, NCX_IN_PLACE_MAX_TAPS_SUMS.get(lanes, 0))
+        in_place = cout <= cin and sums_bytes <= most
     else:
         in_place = _nxc_in_place(config)
     packed = not flatten_w and not dot and bool(plan.get(

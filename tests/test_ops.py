@@ -1411,6 +1411,25 @@ def test_strided_pointwise_weight_gradient_read_in_place(isa, monkeypatch):
         run_with_plan(case, {}, isa, threads)
 
 
+@pytest.mark.parametrize("isa", [i for i in ISAS if i.startswith("avx512")])
+def test_ncx_weights_read_in_place_with_sums_beyond_l2(isa, monkeypatch):
+    """avx512 NCX 3x3 weight gradients with sums past 1 MB read src in place in chunks by
+    bytes (several here): exact, the same bits on 1 and 2 threads."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import weight_tiles
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    case = make_case("ConvolutionBackwardWeights", spatial=(22, 40), kernel=(3, 3),
+                     in_channels=180, out_channels=170, batch=2, data_format="NCX", seed=6,
+                     attrs=dict(pads_begin=[1, 0], pads_end=[0, 1]))  # 3 chunks of 19 rows
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     "f32").config.with_isa(isa)
+    tiles = weight_tiles(config)
+    assert not tiles["packed"] and tiles["src_in_place"] and tiles["chunk_pixels"] == 0
+    for threads in (1, 2):
+        run_with_plan(case, {}, isa, threads)
+
+
 SLICED_WEIGHT_GEOMETRY = {
     # 1x1: read in place (channels-last f32 on avx512) or from packed panels
     "1x1": dict(spatial=(32, 33), kernel=(1, 1), in_channels=150, out_channels=40, batch=4),

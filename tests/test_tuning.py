@@ -158,7 +158,8 @@ def test_ncx_weights_read_in_place_while_sums_stay_in_l2_but_on_intel_avx2():
     for config in (small, mid, largest):
         assert not weight_tiles(config)["packed"] and weight_tiles(config)["src_in_place"]
     assert weight_tiles(large)["packed"]
-    assert vendor_plan(small, "GenuineIntel") == {} and INTEL_NCX_IN_PLACE_MAX_SUMS >= 4 * 256 * 64
+    assert vendor_plan(small, "GenuineIntel") == {}
+    assert INTEL_NCX_IN_PLACE_MAX_SUMS[8] >= 4 * 256 * 64
     for config in (mid, largest):
         intel = vendor_plan(config, "GenuineIntel")
         assert intel == {"packed": 1} and weight_tiles(config, intel)["packed"]
@@ -168,6 +169,25 @@ def test_ncx_weights_read_in_place_while_sums_stay_in_l2_but_on_intel_avx2():
     for other in (large, mid.with_isa("avx512"), ncx((1, 1), 128, 512),
                   _config("bwd_weights", (1, 1), 512, 256, isa="avx2")):
         assert vendor_plan(other, "GenuineIntel") == {}, other.name
+
+
+def test_ncx_weights_of_several_taps_read_in_place_to_4_mb_on_avx512():
+    """avx512 NCX weight gradients of more than one tap read src in place up to
+    NCX_IN_PLACE_MAX_TAPS_SUMS of sums (1x1 ones up to NCX_IN_PLACE_MAX_SUMS); Intel's
+    vendor plan packs beyond its 1 MB, and AMD's keeps the rule."""
+    from convgrad.codegen.plan import vendor_plan
+
+    def ncx(kernel, cin, cout):
+        return _config("bwd_weights", kernel, cin, cout, data_format="NCX", isa="avx512")
+
+    wide = ncx((3, 3), 256, 256)  # 2.4 MB of sums
+    assert not weight_tiles(wide)["packed"]
+    assert vendor_plan(wide, "GenuineIntel") == {"packed": 1}
+    assert vendor_plan(wide, "AuthenticAMD") == {}
+    assert vendor_plan(ncx((3, 3), 128, 128), "GenuineIntel") == {}  # 576 KB
+    for packed in (ncx((3, 3), 512, 512), ncx((1, 1), 1024, 512), ncx((3, 3), 256, 320)):
+        assert weight_tiles(packed)["packed"], packed.name  # 9.4 MB, one tap, more outputs
+        assert vendor_plan(packed, "GenuineIntel") == {}, packed.name
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
