@@ -316,9 +316,10 @@ SUMS_IN_OUTPUT_MAX_ROW = {8: 2048}
 # 0.94-0.95, 3x3 128->128 on 28x28 0.87-0.91 / 0.90-0.91, 1x1 on 28x28 256->128
 # 0.87-0.88 / 0.83-0.86, 512->128 0.84 / 0.85 (bf16 0.86-0.87 / 0.89-0.90), 512->256
 # 0.96 / 0.93-0.97 (14x14 0.94-0.97 / 0.87-0.88), stride 2 256->128 0.89-0.90 / 0.90-0.91;
-# but 1024->256 (1 MB) 1.32-1.33 / 1.45-1.52. On avx512, kernels of several taps read
-# in place up to NCX_IN_PLACE_MAX_TAPS_SUMS: Zen 4, batch 8, pair ratios in place /
-# packed, 1 / 2 threads: 3x3 256->256 on 14x14 (2.4 MB) 1.04 / 1.07, on 28x28 1.03 /
+# but 1024->256 (1 MB) 1.32-1.33 / 1.45-1.52. On avx512, f32 kernels of several taps
+# read in place up to NCX_IN_PLACE_MAX_TAPS_SUMS (f16 and bf16 not measured): Zen 4,
+# batch 8, pair ratios in place / packed, 1 / 2 threads: 3x3 256->256 on 14x14 (2.4 MB)
+# 1.04 / 1.07, on 28x28 1.03 /
 # 1.12-1.13, 192->192 on 28x28 (1.3 MB) 1.04 / 1.07, 384->256 on 14x14 (3.5 MB) 1.03-1.04
 # / 1.17; not 512->512 on 7x7 (9.4 MB: 0.96-0.97 / 1.12-1.13), nor 1x1 layers (1024->512,
 # 2 MB: 0.99 / 0.91). Intel's cores keep 64 KB on avx2 and 1 MB on avx512
@@ -717,7 +718,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     cin, cout = config.groups * channels, config.groups * config.cout_per_group
     if config.data_format == "NCX":
         most = NCX_IN_PLACE_MAX_SUMS.get(lanes, NCX_IN_PLACE_MAX_SUMS[8])
-        if not one_tap:
+        if not one_tap and config.dtype == "f32":
             most = max(most, NCX_IN_PLACE_MAX_TAPS_SUMS.get(lanes, 0))
         in_place = cout <= cin and sums_bytes <= most
     else:

@@ -172,7 +172,7 @@ def test_ncx_weights_read_in_place_while_sums_stay_in_l2_but_on_intel_avx2():
 
 
 def test_ncx_weights_of_several_taps_read_in_place_to_4_mb_on_avx512():
-    """avx512 NCX weight gradients of more than one tap read src in place up to
+    """avx512 NCX f32 weight gradients of more than one tap read src in place up to
     NCX_IN_PLACE_MAX_TAPS_SUMS of sums (1x1 ones up to NCX_IN_PLACE_MAX_SUMS); Intel's
     vendor plan packs beyond its 1 MB, and AMD's keeps the rule."""
     from convgrad.codegen.plan import vendor_plan
@@ -182,6 +182,7 @@ def test_ncx_weights_of_several_taps_read_in_place_to_4_mb_on_avx512():
 
     wide = ncx((3, 3), 256, 256)  # 2.4 MB of sums
     assert not weight_tiles(wide)["packed"]
+    assert weight_tiles(replace(wide, dtype="f16"))["packed"]  # f32 only: measured there
     assert vendor_plan(wide, "GenuineIntel") == {"packed": 1}
     assert vendor_plan(wide, "AuthenticAMD") == {}
     assert vendor_plan(ncx((3, 3), 128, 128), "GenuineIntel") == {}  # 576 KB
