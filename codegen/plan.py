@@ -539,7 +539,7 @@ def vendor_plan(config: KernelConfig, vendor: str,
                 VECTOR_LANES[config.isa]]):
         return {"packed": 1, **plan}
     if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
-            and not _nxc_in_place(config, intel=True)
+            and not _nxc_in_place(config, intel=True) and _feeds_packing(config)
             and _body(config, EMPTY_PLAN)["body"] == "bwd_weights.c.j2"
             and _body(config, {"packed": 1})["body"] == "bwd_weights_packed.c.j2"):
         return {"packed": 1, **plan}
@@ -547,6 +547,20 @@ def vendor_plan(config: KernelConfig, vendor: str,
     if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
         return {"vec_block": MAX_VECTOR_BLOCK[config.isa], **plan}
     return plan
+
+
+def _feeds_packing(config: KernelConfig) -> bool:
+    """Whether each value a weight gradient packs into panels feeds at least
+    PACKED_MIN_FMAS multiply-adds, so that packing can pay where the rules do not read in
+    place. Read in place, channels-last rows a power of two apart share a few cache sets
+    and a page per pixel (Ice Lake, AVX2, 1x1 1024->256: 47 GFLOP/s in place, 93 from
+    panels); NCX data is read in short runs per channel (a chunk's pixels), costly per
+    value (1x1 64->64 feeds 32: slower packed); a grouped 1x1 layer with 1-2 channels per
+    group feeds 0.7 (2.3x slower packed)."""
+    channels, cout = config.cin_per_group, config.cout_per_group
+    kd_kh = prod(config.kernel[:-1])
+    fmas_per_value = channels * cout * prod(config.kernel) / (channels * kd_kh + cout)
+    return fmas_per_value >= PACKED_MIN_FMAS
 
 
 def _nxc_in_place(config: KernelConfig, intel: bool = False) -> bool:
@@ -706,15 +720,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     rows_last = _last_part(total, rows)
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
     # Packed panels (bwd_weights_packed.c.j2): per chunk, each thread copies what its tiles
-    # read into panels at consecutive addresses. Read in place, channels-last rows a power
-    # of two apart share a few cache sets and a page per pixel (Ice Lake, AVX2, 1x1
-    # 1024->256: 47 GFLOP/s in place, 93 from panels). Packing pays where each packed
-    # value feeds enough multiply-adds: NCX data is read in short runs per channel (a
-    # chunk's pixels), costly per value (1x1 64->64 feeds 32: slower packed); a grouped
-    # 1x1 layer with 1-2 channels per group feeds 0.7 (2.3x slower packed).
-    kd_kh = prod(config.kernel[:-1])
-    fmas_per_value = channels * config.cout_per_group * prod(config.kernel) / (
-        channels * kd_kh + config.cout_per_group)
+    # read into panels at consecutive addresses (see _feeds_packing).
     cin, cout = config.groups * channels, config.groups * config.cout_per_group
     if config.data_format == "NCX":
         most = NCX_IN_PLACE_MAX_SUMS.get(lanes, NCX_IN_PLACE_MAX_SUMS[8])
@@ -724,7 +730,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     else:
         in_place = _nxc_in_place(config)
     packed = not flatten_w and not dot and bool(plan.get(
-        "packed", not in_place and fmas_per_value >= PACKED_MIN_FMAS))
+        "packed", not in_place and _feeds_packing(config)))
     # Otherwise tiles broadcast src values, so NCX src needs no transpose: each tile row
     # is a stream along the pixels of one channel (f32 is read in place, f16/bf16 widened
     # in their order). Only diff_dst, the vector operand, is made channels-last.

@@ -215,9 +215,10 @@ def test_nxc_weights_read_in_place_but_on_intel_as_there(isa):
         assert candidates(config, "GenuineIntel")[0] == intel and {} in candidates(
             config, "GenuineIntel")
         assert vendor_plan(config, "AuthenticAMD") == {} and {"packed": 1} in candidates(config)
-    same_on_intel = nxc(256, 64)  # in place by both rules
-    assert not weight_tiles(same_on_intel)["packed"]
-    assert vendor_plan(same_on_intel, "GenuineIntel") == {}
+    # in place by both rules, or by neither and too few multiply-adds a value to pack
+    for same_on_intel in (nxc(256, 64), nxc(3, 64, 2)):
+        assert not weight_tiles(same_on_intel)["packed"]
+        assert vendor_plan(same_on_intel, "GenuineIntel") == {}, same_on_intel.name
     for packed_by_both in (nxc(256, 1024), *([three] if isa == "avx2" else [])):
         assert weight_tiles(packed_by_both)["packed"]
         assert vendor_plan(packed_by_both, "GenuineIntel") == {}
