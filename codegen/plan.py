@@ -63,8 +63,9 @@ PLAN_CHOICES = {
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
                 "f32 and runs the f32 tiles",
-    "stream_kb": "depthwise and across-group f32 channels-last data gradients: results of "
-                 "at least this many KB are stored past the caches (non-temporal; 0: never)",
+    "stream_kb": "depthwise, across-group and 1x1 f32 channels-last data gradients: "
+                 "results of at least this many KB are stored past the caches "
+                 "(non-temporal; 0: never)",
     "amx": "bf16 gradients on avx512bf16 (stride 1, or data 1x1): 1 multiplies with "
            "AMX tiles where the CPU has them (the kernel checks), 0 never",
 }
@@ -1215,21 +1216,44 @@ SLIDE_MAX_CHANNELS = 256
 # stays in the last-level cache for its next reader is better written there: in the
 # benchmark (PyTorch's calls between ours), 2 threads, that last layer ran at 38-47
 # GFLOP/s ordinary and 25 streamed (memory-bound at ~28 GB/s on this VM). So from 8 MB.
+#
+# 1x1 data gradients (direct.c.j2) stream too: they have the fewest multiply-adds per
+# result value (the reduced channels), and with strides three quarters of a result are
+# zeros, which cost no multiply-add at all. Zen 4, ResNet-50 NXC batch 8, pair ratios
+# streamed / ordinary stores (avx2: blocks of 4 / 3 vectors), 1 / 2 threads: res3a_branch2a
+# (1x1 s2, 128 -> 256 channels, 25.7 MB) avx2 1.54-1.55 / 1.55-1.56, avx512 1.51-1.53 /
+# 1.47; res4a_branch2a (12.8 MB) 1.28-1.30 / 1.25-1.26, 1.15 / 1.08; res3a_branch1 1.05-1.06
+# / 1.06-1.08, 1.10 / 1.09; res4a_branch1 1.12 / 1.11, 1.04 / 1.04; on avx512 stride-1
+# res2b_branch2a (64 -> 256, 25.7 MB) 1.13 / 1.12 and res3b_branch2a (12.8 MB) 1.07 / 1.06.
+# A result its next reader then finds in memory rather than in the last-level cache
+# (threshold_backward right after each call) still gains on these, by 3-25% in all; but
+# on avx2 the stride-1 kernels store at the pace of their multiply-adds (1.00-1.02 alone)
+# and lose 2-6% with their reader: on avx2 only strided data gradients (with zeros)
+# stream. 6.4 MB results gained 0-10% alone and lost up to 9% with their reader: the
+# threshold stays at 8 MB. (The 4-vector blocks cost avx2's res5a_branch2a and
+# res5a_branch1, 6.4 MB, 1-4% where they do not stream.)
 LINE_FLOATS = 16
 STREAM_MIN_KB = 8192
 STREAM_VECTOR_BLOCK = {"avx2": 4}
+STREAM_STRIDE_1_LANES = (16,)
 
 
 def _may_stream(config: KernelConfig, plan: Mapping[str, int]) -> bool:
-    """Whether a depthwise (or across-group) data gradient's tiles may store its result
-    past the caches: f32 channels-last, written in place, in whole cache lines of every
-    pixel (channels a multiple of a line), with non-temporal stores (x86). (Its sliding
-    tiles, which store one vector of each pixel at a time, then run only on results
-    that do not stream.)"""
+    """Whether a data gradient's tiles may store its result past the caches: f32
+    channels-last, written in place, in whole cache lines of every pixel (channels a
+    multiple of a line), with non-temporal stores (x86); depthwise or across-group
+    kernels (whose sliding tiles, which store one vector of each pixel at a time, then
+    run only on results that do not stream), and 1x1 kernels of one group's channels
+    (direct.c.j2), with strides or on STREAM_STRIDE_1_LANES (see STREAM_MIN_KB)."""
+    across = config.depthwise or data_across_groups(config, plan)
+    lines = (_lane_channels(config) if across else config.vector_channels) % LINE_FLOATS == 0
+    zeros = config.family == "bwd_data" and any(s > 1 for s in config.strides)
+    pointwise = prod(config.kernel) == 1 and (
+        zeros or VECTOR_LANES[config.isa] in STREAM_STRIDE_1_LANES)
     return (config.family != "bwd_weights" and config.dtype == "f32"
-            and (config.depthwise or data_across_groups(config, plan))
+            and (across or pointwise)
             and config.data_format == "NXC"
-            and SIMD[config.isa] != "generic" and _lane_channels(config) % LINE_FLOATS == 0
+            and SIMD[config.isa] != "generic" and lines
             and plan.get("stream_kb", STREAM_MIN_KB) > 0)
 
 
@@ -1326,6 +1350,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                                      ncx.get("ncx_tiles", []), amx["amx"])
     return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
             "overlap_runs": overlap_runs(config, plan),
+            "stream_min_bytes": stream_min_bytes(config, plan),
             "image_block_bytes": image_block_bytes(config, plan),
             "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx, **amx}
 

@@ -971,29 +971,75 @@ def test_depthwise_results_stream_past_the_caches(isa, geometry, op):
 
 
 
-def test_streaming_is_planned_for_depthwise_f32_channels_last_data_only():
+def test_streaming_is_planned_for_f32_channels_last_data_only():
     """The planner (no CPU needed): depthwise (and across-group) f32 NXC data gradients
-    whose channels fill whole cache lines stream results of STREAM_MIN_KB, on avx2 in
-    blocks of 4 vectors (2 lines); never weights, f16/bf16, NCX, channel counts off a
-    line, the portable path, or stream_kb=0, which keeps the 3-vector rule on avx2."""
+    whose channels fill whole cache lines stream results of STREAM_MIN_KB, and so do 1x1
+    ones of one group's channels (direct.c.j2) on avx512, on avx2 where strides put zeros
+    in the result, there in blocks of 4 vectors (2 lines); never weights, f16/bf16, NCX,
+    channel counts off a line, other dense kernels, the portable path, or stream_kb=0,
+    which keeps the 3-vector rule on avx2."""
     from convgrad.codegen.plan import STREAM_MIN_KB, direct_tiles, stream_min_bytes
 
     def config(family="bwd_data", groups=64, cin=1, cout=1, fmt="NXC", dtype="f32",
-               isa="avx2"):
-        return KernelConfig(family, (3, 3), (2, 2), (1, 1), groups, cin, cout, fmt, "XIO",
+               isa="avx2", kernel=(3, 3)):
+        return KernelConfig(family, kernel, (2, 2), (1, 1), groups, cin, cout, fmt, "XIO",
                             dtype, isa)
 
+    dense = config(groups=1, cin=256, cout=128, kernel=(1, 1))  # 1x1 stride 2, 256 <- 128
+    stride_1 = replace(dense, strides=(1, 1))
     for streams in (config(), config(isa="avx512"), config(family="fwd"),
-                    config(groups=16, cin=4, cout=2)):  # across groups: 16 x 4 lanes
-        plan = {"group_lanes": 1} if streams.cin_per_group > 1 else {}
-        assert stream_min_bytes(streams, plan) == STREAM_MIN_KB * 1024
-    assert direct_tiles(config())["vec_block"] == 4
-    assert direct_tiles(config(), {"stream_kb": 0})["vec_block"] == 3
-    assert stream_min_bytes(config(), {"stream_kb": 0}) == 0
+                    config(groups=16, cin=4, cout=2),  # across groups: 16 x 4 lanes
+                    dense, replace(dense, isa="avx512"), replace(dense, groups=2, cin_per_group=16),
+                    replace(stride_1, isa="avx512"), replace(dense, family="fwd", isa="avx512")):
+        plan = {"group_lanes": 1} if streams.groups == 16 else {}
+        assert stream_min_bytes(streams, plan) == STREAM_MIN_KB * 1024, streams
+    for streaming in (config(), dense):
+        assert direct_tiles(streaming)["vec_block"] == 4
+        assert direct_tiles(streaming, {"stream_kb": 0})["vec_block"] == 3
+        assert stream_min_bytes(streaming, {"stream_kb": 0}) == 0
+        assert stream_min_bytes(streaming, {"vec_block": 3}) == 0  # blocks off a line
     for never in (config(family="bwd_weights"), config(dtype="bf16"), config(fmt="NCX"),
-                  config(groups=72), config(isa="portable")):
-        assert stream_min_bytes(never) == 0
-    assert stream_min_bytes(config(), {"vec_block": 3}) == 0  # blocks off a line
+                  config(groups=72), config(isa="portable"), replace(dense, kernel=(3, 3)),
+                  replace(dense, cin_per_group=264), replace(dense, dtype="f16"),
+                  replace(dense, family="bwd_weights"),
+                  stride_1, replace(dense, family="fwd")):  # avx2: strided data gradients only
+        assert stream_min_bytes(never) == 0, never
+
+
+POINTWISE_STREAM_GEOMETRY = {
+    # stride (2, 3) with trailing rows and columns no output reads: tiles of zeros, which
+    # stream too; 48 channels: vector blocks 4 + 2 on avx2, 3 vectors on avx512
+    "strided": dict(spatial=(9, 14), in_channels=48, out_channels=20, groups=1,
+                    attrs=dict(strides=[2, 3])),
+    # stride 1 without pads (every pixel one run); 40 reduced channels in passes of 16
+    # (weight_chunk_kb 1): only the last pass streams, the others' sums are read back
+    "pointwise": dict(spatial=(6, 7), in_channels=32, out_channels=40, groups=1),
+    # two groups of 16 channels, pads: runs cut at the edges
+    "groups": dict(spatial=(5, 9), in_channels=32, out_channels=24, groups=2,
+                   attrs=dict(strides=[1, 2], pads_begin=[1, 0], pads_end=[0, 1])),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geometry,op", [  # the ops in turn
+    (geometry, ("ConvolutionBackwardData", "ConvTransposeBackwardData")[g % 2])
+    for g, geometry in enumerate(sorted(POINTWISE_STREAM_GEOMETRY))])
+def test_pointwise_results_stream_past_the_caches(isa, geometry, op):
+    """1x1 data gradients (direct.c.j2) store results of at least stream_kb with
+    non-temporal stores, in whole cache lines, on 1 and 2 threads, after several passes
+    over the reduced channels too; a result off a cache line takes ordinary stores. Exact."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import stream_min_bytes
+
+    case = make_case(op, **POINTWISE_STREAM_GEOMETRY[geometry], kernel=(1, 1), batch=2,
+                     seed=6)
+    plan = {"stream_kb": 1, "weight_chunk_kb": 1}
+    config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                     "f32").config.with_isa(isa)
+    zeros = op == "ConvolutionBackwardData" and geometry != "pointwise"  # strided
+    assert (stream_min_bytes(config, plan) == 1024) == (
+        isa.startswith("avx512") or (isa == "avx2" and zeros))
+    run_streamed(case, plan, isa)
 
 
 def run_streamed(case, plan, isa):
