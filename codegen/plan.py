@@ -66,6 +66,11 @@ PLAN_CHOICES = {
     "stream_kb": "depthwise, across-group and 1x1 f32 channels-last data gradients: "
                  "results of at least this many KB are stored past the caches "
                  "(non-temporal; 0: never)",
+    "col2im": "backward data of one group with few result channels: 1 multiplies each "
+              "diff_dst pixel by every tap's weights at once (columns of (tap, channel) "
+              "pairs) and adds the columns into the result pixels the taps reach, 0 the "
+              "direct tiles over result channels",
+    "col_pixels": "backward data by col2im: diff_dst pixels per block of columns",
     "amx": "bf16 gradients on avx512bf16 (stride 1, or data 1x1): 1 multiplies with "
            "AMX tiles where the CPU has them (the kernel checks), 0 never",
 }
@@ -100,7 +105,7 @@ def check_plan(plan: Mapping[str, int]) -> dict[str, int]:
             value = int(value)
         if not isinstance(value, int) or value < 0 or (value == 0 and name in (
                 "vec_block", "tile_rows", "weight_chunk_kb", "max_slices",
-                "step_unroll")):
+                "step_unroll", "col_pixels")):
             raise ValueError(f"plan choice {name} = {value!r} is invalid")
         checked[name] = value
     return checked
@@ -596,6 +601,24 @@ def _lane_channels(config: KernelConfig) -> int:
     return config.vector_channels * (1 if config.depthwise else config.groups)
 
 
+def _register_tiles(isa: str, block: int, last: int, taller_last: bool,
+                    plan: Mapping[str, int]) -> tuple[int, int, list[tuple[int, int]]]:
+    """Heights of the tiles of `block` vectors and of the last vector block's (`last`
+    vectors), and every (pixels, vectors) tile a kernel instantiates."""
+    rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[isa] // block,
+                      plan.get("tile_rows", MAX_TILE_ROWS)))
+    # A narrower last vector block has taller tiles (its registers would idle otherwise),
+    # at most LAST_TILE_EXTRA_ROWS more: every height is instantiated, and compiled.
+    # (Zen 4 avx2, 3x3 64 <- 64 channels as 3 + 3 + 2 vectors: 95.5 GFLOP/s with 4 x 2
+    # tiles, 102 with 6 x 2; PyTorch 110.)
+    rows_last = rows if last == block or not taller_last else max(rows, min(
+        ACCUMULATORS[isa] // last, rows + LAST_TILE_EXTRA_ROWS, MAX_TILE_ROWS))
+    # Every tile height is instantiated, so a row's remainder is one smaller tile.
+    tiles = list(dict.fromkeys([*((r, block) for r in range(rows, 0, -1)),
+                                *((r, last) for r in range(rows_last, 0, -1))]))
+    return rows, rows_last, tiles
+
+
 def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Register blocking of the direct-convolution tiles (fwd and bwd_data): output
     pixels x vectors of the vectorised channels per tile."""
@@ -610,17 +633,7 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         rule = STREAM_VECTOR_BLOCK.get(config.isa, rule)
     block = min(vectors, plan.get("vec_block", rule))
     last = _last_part(vectors, block)
-    rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[config.isa] // block,
-                      plan.get("tile_rows", MAX_TILE_ROWS)))
-    # A narrower last vector block has taller tiles (its registers would idle otherwise),
-    # at most LAST_TILE_EXTRA_ROWS more: every height is instantiated, and compiled.
-    # (Zen 4 avx2, 3x3 64 <- 64 channels as 3 + 3 + 2 vectors: 95.5 GFLOP/s with 4 x 2
-    # tiles, 102 with 6 x 2; PyTorch 110.)
-    rows_last = rows if last == block or across else max(rows, min(
-        ACCUMULATORS[config.isa] // last, rows + LAST_TILE_EXTRA_ROWS, MAX_TILE_ROWS))
-    # Every tile height is instantiated, so a row's remainder is one smaller tile.
-    tiles = list(dict.fromkeys([*((r, block) for r in range(rows, 0, -1)),
-                                *((r, last) for r in range(rows_last, 0, -1))]))
+    rows, rows_last, tiles = _register_tiles(config.isa, block, last, not across, plan)
     # Reduced channels per pass: that chunk's weights for every tap stay in L2.
     reduced = _reduced_channels(config)
     taps = prod(config.kernel)
@@ -656,6 +669,59 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "row_vb_inner": bool(plan.get(
                 "row_vb_inner", taps == 1 and not across and -(-vectors // block) > 1
                 and pass_weights <= ROW_VB_INNER_BYTES))}
+
+
+# Backward data with few result channels per pixel (conv1 of an image network: 3 of 8
+# lanes) leaves most lanes of the direct tiles empty. col2im.c.j2 multiplies each
+# diff_dst pixel by every tap's weights at once, a matrix product whose columns are the
+# TAPS x CIN (tap, channel) pairs in whole vectors, then adds each pixel's columns into
+# the result pixels its taps reach. The rule takes it where the direct tiles' vectors
+# would be partly empty (fewer result channels than a vector, or at most
+# COL2IM_MAX_FILL of their lanes used) and the columns fill more of theirs (not 1x1).
+# Zen 4, batch 8, 1 thread, GFLOP/s col2im / direct (avx2 path): 7x7 s2 3 <- 64 (conv1)
+# 87 / 29, 3x3 1 <- 64 47 / 9, 3x3 7 <- 64 94 / 68,
+# 3x3 12 <- 256 99 / 75, 3x3 20 <- 64 96 / 86; full vectors lose: 3x3 16 <- 64 101 /
+# 109, 5x5 16 <- 64 105 / 116 (avx512: 106 / 120), 3x3 40 <- 64 (83% full) 100 / 102.
+COL2IM_MAX_FILL = 0.75
+# diff_dst pixels per block of columns: the block's columns stay in L1 between the tiles
+# and the additions into the result (conv1 on avx2: 32 x 152 floats, 19 KB)
+COL_PIXELS = 32
+
+
+def _lanes_filled(count: int, lanes: int) -> float:
+    """The share of the lanes `count` values use in whole vectors."""
+    return count / (-(-count // lanes) * lanes)
+
+
+def col2im_eligible(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
+    """Whether col2im.c.j2 can compute this configuration: backward data of one group
+    (f32 sums, not bf16 pairs) whose columns fill at least one vector."""
+    return (config.family == "bwd_data" and config.groups == 1
+            and not uses_bf16_dot(config, plan)
+            and prod(config.kernel) * config.cin_per_group >= VECTOR_LANES[config.isa])
+
+
+def col2im(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
+    """Whether this backward data runs by col2im (col2im_eligible; by rule where the
+    result channels are fewer than a vector's lanes or fill at most COL2IM_MAX_FILL of
+    their vectors)."""
+    lanes, channels = VECTOR_LANES[config.isa], config.cin_per_group
+    fill = _lanes_filled(channels, lanes)
+    rule = (channels < lanes or fill <= COL2IM_MAX_FILL) and fill < _lanes_filled(
+        channels * prod(config.kernel), lanes)
+    return col2im_eligible(config, plan) and bool(plan.get("col2im", rule))
+
+
+def col2im_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+    """Register tiles of col2im.c.j2: diff_dst pixels x vectors of columns."""
+    vectors = -(-prod(config.kernel) * config.cin_per_group // VECTOR_LANES[config.isa])
+    block = min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]))
+    last = _last_part(vectors, block)
+    rows, rows_last, tiles = _register_tiles(config.isa, block, last, True, plan)
+    return {"vec_block": block, "vec_last": last, "tile_rows": rows,
+            "tile_rows_last": rows_last, "tiles": tiles,
+            "col_pixels": plan.get("col_pixels", COL_PIXELS),
+            "partial_steps": PARTIAL_PRODUCTS}
 
 
 def _weight_sums_bytes(config: KernelConfig) -> int:
@@ -1340,10 +1406,14 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                 "pad_columns_below": 0 if grouped else pad_columns_below(config, plan),
                 "vector_per_group": config.vector_channels if grouped else 1,
                 "reduced_per_group": _reduced_channels(config) if grouped else 1,
-                "spread_input": True, "stream_min_bytes": stream_min_bytes(config, plan),
+                "compute_scratch": True, "stream_min_bytes": stream_min_bytes(config, plan),
                 "spread_whole_bytes": plan.get("spread_whole_mb", SPREAD_WHOLE_BYTES >> 20) << 20,
                 "round_in_tiles": False, "pointwise_ncx": False, "overlap_runs": False,
                 **direct_tiles(config, plan)}
+    if col2im(config, plan):
+        return {"body": "col2im.c.j2", "column_runs": False, "compute_scratch": True,
+                "round_in_tiles": False, "pad_columns_below": 0, "image_block_bytes": 0,
+                "pointwise_ncx": False, **col2im_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     amx = amx_tiles(config, plan)
     second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
@@ -1459,7 +1529,10 @@ def render_context(config: KernelConfig, generator_version: str,
         and not config.depthwise and config.pointwise,
         "round_in_tiles": _rounds_in_tiles(config),
         "no_scratch": False,  # True: the body copies no whole data tensor
-        "spread_input": False,  # True: compute() takes scratch for spread input rows
+        # True: compute() takes part 4 of the workspace as scratch (depthwise.c.j2's
+        # spread input rows, col2im.c.j2's columns)
+        "compute_scratch": False,
+        "column_runs": True,  # the body plans runs of output columns (runs.h.j2)
         "image_block_bytes": 0,  # > 0: data_entry runs blocks of images (direct.c.j2)
         "amx": False,  # True: the body carries the AMX path (amx.h.j2)
         "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
@@ -1525,6 +1598,16 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         if tiles["unrolled_tiles"] and tiles["step_unroll"] > 1:
             found.append({"step_unroll": 1})
         return found
+    found: list[dict[str, int]] = []
+    if col2im_eligible(config):  # (one group: never across groups)
+        flip = {"col2im": int(not col2im(config))}
+        if col2im(config):
+            block = col2im_tiles(config)["vec_block"]
+            return [flip, *({"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa] + 1, 1, -1)
+                            if b != block),
+                    *({"col_pixels": p} for p in (COL_PIXELS // 2, COL_PIXELS * 2))]
+        # first where the direct tiles leave lanes empty, else after the other choices
+        found = [flip] if config.vector_channels % VECTOR_LANES[isa] else []
     tiles = direct_tiles(config)
     if data_across_groups_eligible(config):
         flip = {"group_lanes": int(not data_across_groups(config))}
@@ -1532,8 +1615,6 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
             return [flip, {"spread_whole_mb": 0}] + [
                 {"vec_block": b} for b in range(1, MAX_VECTOR_BLOCK[isa] + 1)]
         found = [flip]
-    else:
-        found = []
     blocks = [WIDE_VECTOR_BLOCK[isa]] if isa in WIDE_VECTOR_BLOCK and not config.depthwise else []
     found += [{"vec_block": b} for b in [*blocks, *range(MAX_VECTOR_BLOCK[isa], 1, -1)]
               if b != tiles["vec_block"]]
@@ -1567,6 +1648,8 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
               {"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 * 4}]
     if tiles["unrolled_tiles"] and tiles["step_unroll"] > 1:
         found.append({"step_unroll": 1})
+    if col2im_eligible(config) and not config.vector_channels % VECTOR_LANES[isa]:
+        found.append({"col2im": 1})
     return found
 
 

@@ -1218,21 +1218,25 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
     """NCX data gradients copy in, compute and copy out a block of images at a time
     (forced here to one image per thread: blocks of 1-3 images, the last one short):
     exact on 1, 2 and 3 threads, and with a smaller workspace than the whole batch's.
-    bf16 on the avx512bf16 path: its input copied as pairs (elsewhere widened as f16)."""
+    bf16 on the avx512bf16 path: its input copied as pairs (elsewhere widened as f16).
+    (direct.c.j2's: where these few result channels would take col2im, forced off.)"""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import col2im_eligible
 
     case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
                      dtype=dtype, seed=17)
     a, b = case.inputs[:2]
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
     config = problem.config.with_isa(isa)
+    direct = {"col2im": 0} if col2im_eligible(config) else {}
+    blocks, whole = {"image_block_kb": 1, **direct}, {"image_block_kb": 0, **direct}
     for threads in (1, 2, 3):
-        run_with_plan(case, {"image_block_kb": 1}, isa, threads)
+        run_with_plan(case, blocks, isa, threads)
         dims = kernels.dims_of(problem, threads)
-        assert (kernels.get_kernel(config, {"image_block_kb": 1}).workspace_size(dims)
-                < kernels.get_kernel(config, {"image_block_kb": 0}).workspace_size(dims))
-    run_with_plan(case, {"image_block_kb": 0}, isa, 2)
+        assert (kernels.get_kernel(config, blocks).workspace_size(dims)
+                < kernels.get_kernel(config, whole).workspace_size(dims))
+    run_with_plan(case, whole, isa, 2)
 
 
 BF16_PAIR_GEOMETRY = {
@@ -2080,3 +2084,53 @@ def test_oix_weights_through_register_transposes(isa, op, weights_format, data_f
                      data_format=data_format, weights_format=weights_format, dtype=dtype,
                      seed=3)
     run_case(case)
+
+
+COL2IM_GEOMETRY = {
+    # conv1 of an image network: 7x7 stride 2, pads; columns of 49 taps x 3 channels
+    "conv1": dict(spatial=(9, 11), kernel=(7, 7), in_channels=3, out_channels=8, batch=2,
+                  attrs=dict(strides=[2, 2], pads_begin=[3, 3], pads_end=[2, 3])),
+    # dilation along w (a tap's channels one at a time), stride 3, rows no tap reaches;
+    # more than PARTIAL_PRODUCTS reduced channels (two partial sums per column)
+    "1d": dict(spatial=(7,), kernel=(5,), in_channels=2, out_channels=130, batch=3,
+               attrs=dict(strides=[3], dilations=[2], pads_begin=[4], pads_end=[3])),
+    # result channels over more than one vector (a partial last one) on 8 and 4 lanes
+    "3x3": dict(spatial=(6, 5), kernel=(3, 3), in_channels=12, out_channels=9, batch=2,
+                attrs=dict(pads_begin=[1, 1], pads_end=[1, 0])),
+    # 3-D, one result channel, stride and dilation along d, one image over 2 threads
+    "3d": dict(spatial=(3, 4, 5), kernel=(2, 3, 3), in_channels=1, out_channels=5, batch=1,
+               attrs=dict(strides=[2, 1, 1], dilations=[2, 1, 1], pads_begin=[1, 1, 0],
+                          pads_end=[0, 1, 2])),
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("geometry,data_format,dtype,op", [
+    (geometry, data_format, dtype, ("ConvolutionBackwardData", "ConvolutionBackpropData")[i % 2])
+    for i, (geometry, data_format, dtype) in enumerate(
+        itertools.product(sorted(COL2IM_GEOMETRY), ["NXC", "NCX"], ["f32"]))] + [
+    ("conv1", "NXC", "bf16", "ConvolutionBackwardData"),
+    ("3d", "NCX", "f16", "ConvolutionBackwardData")])
+def test_few_result_channels_run_by_col2im(isa, geometry, data_format, dtype, op):
+    """Backward data with few result channels multiplies diff_dst by every tap's weights
+    (columns) and adds them into the result (col2im.c.j2): by rule where the result
+    channels are fewer than a vector or fill at most 3/4 of their vectors (not with bf16
+    pairs); exact on 1, 2 and 3 threads, every path."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import VECTOR_LANES, col2im
+
+    case = make_case(op, **COL2IM_GEOMETRY[geometry], data_format=data_format, dtype=dtype,
+                     seed=14)
+    a, b = case.inputs[:2]
+    config = resolve(case.op, [a.shape, b.shape], case.attrs, None,
+                     dtype).config.with_isa(isa)
+    channels, lanes = COL2IM_GEOMETRY[geometry]["in_channels"], VECTOR_LANES[config.isa]
+    padded = -(-channels // lanes) * lanes
+    kernel = COL2IM_GEOMETRY[geometry]["kernel"]
+    columns = channels * int(np.prod(kernel))
+    assert col2im(config) == ((channels < lanes or 4 * channels <= 3 * padded)
+                              and channels / padded < columns / (-(-columns // lanes) * lanes)
+                              and not (isa == "avx512bf16" and dtype == "bf16"))
+    for threads in (1, 2, 3):
+        run_with_plan(case, {"col2im": 1} if col2im(config, {"col2im": 1}) else {}, isa,
+                      threads)

@@ -206,6 +206,12 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
                                 batch=5, data_format="NCX", dtype=dtype),
                       {{"image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 3)
+    # few result channels by col2im: row shares inside an image, dilated taps, edges
+    from test_ops import COL2IM_GEOMETRY
+    for name, fmt in (("conv1", "NXC"), ("1d", "NCX"), ("3d", "NXC")):
+        run_with_plan(make_case("ConvolutionBackwardData", **COL2IM_GEOMETRY[name],
+                                data_format=fmt), {{"col2im": 1}},
+                      convgrad.cpu.available_isas()[0], 3)
     print("ok")
 """),
 }
