@@ -210,9 +210,11 @@ def test_rounding_is_to_nearest_even(dtype, base):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("op", OP_KINDS)
-@pytest.mark.parametrize("groups,in_channels,out_channels", [(1, 21, 38), (64, 64, 64)])
+@pytest.mark.parametrize("groups,in_channels,out_channels", [(1, 21, 38), (64, 64, 64),
+                                                             (1, 3, 38)])
 def test_thread_counts_agree(op, threads, groups, in_channels, out_channels):
-    """Large enough that kernels use every thread asked for (tiny ones take one)."""
+    """Large enough that kernels use every thread asked for (tiny ones take one); 3
+    input channels: backward data by col2im, threads sharing an image's rows."""
     rng = np.random.default_rng(1)
     case = make_case(op, spatial=(40, 38), kernel=(3, 3), in_channels=in_channels,
                      out_channels=out_channels, groups=groups, batch=4,
