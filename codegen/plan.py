@@ -492,9 +492,12 @@ def best_isa(cpu_features: Iterable[str]) -> str:
 def uses_bf16_dot(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     """bf16 on a CPU with vdpbf16ps: the reductions multiply pairs of bf16 directly (the
     depthwise kernels reduce over taps and pixels of one channel and stay f32), unless
-    the plan widens them to f32 (bf16_dot 0: the rule on Intel, vendor_plan)."""
+    the plan widens them to f32 (bf16_dot 0: the rule on Intel, vendor_plan, and for
+    backward data whose result channels fill at most COL2IM_BF16_MAX_FILL of a vector,
+    which then runs by col2im)."""
+    widen = _col2im_rule(config, COL2IM_BF16_MAX_FILL)
     return (config.dtype == "bf16" and config.isa == "avx512bf16" and not config.depthwise
-            and bool(plan.get("bf16_dot", 1)))
+            and bool(plan.get("bf16_dot", not widen)))
 
 
 def _reduced_channels(config: KernelConfig) -> int:
@@ -683,6 +686,11 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
 # 3x3 12 <- 256 99 / 75, 3x3 20 <- 64 96 / 86; full vectors lose: 3x3 16 <- 64 101 /
 # 109, 5x5 16 <- 64 105 / 116 (avx512: 106 / 120), 3x3 40 <- 64 (83% full) 100 / 102.
 COL2IM_MAX_FILL = 0.75
+# With bf16 on avx512bf16 the direct tiles multiply bf16 pairs (twice the products per
+# instruction), so col2im (widened to f32) takes only result channels that fill at most
+# a quarter of a vector: conv1 bf16, GFLOP/s col2im / pairs, 80 / 39; 3x3 4 <- 64 67 /
+# 51; but 3x3 8 <- 64 78 / 95, 3x3 12 <- 256 100 / 167 (Zen 4, 1 thread).
+COL2IM_BF16_MAX_FILL = 0.25
 # diff_dst pixels per block of columns: the block's columns stay in L1 between the tiles
 # and the additions into the result (conv1 on avx2: 32 x 152 floats, 19 KB)
 COL_PIXELS = 32
@@ -701,15 +709,23 @@ def col2im_eligible(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) 
             and prod(config.kernel) * config.cin_per_group >= VECTOR_LANES[config.isa])
 
 
+def _col2im_rule(config: KernelConfig, max_fill: float) -> bool:
+    """Backward data of one group whose result channels fill at most `max_fill` of their
+    vectors (or, with max_fill COL2IM_MAX_FILL, are fewer than a vector's lanes) and
+    whose columns fill more of theirs."""
+    lanes, channels = VECTOR_LANES[config.isa], config.cin_per_group
+    fill = _lanes_filled(channels, lanes)
+    few = fill <= max_fill or (max_fill == COL2IM_MAX_FILL and channels < lanes)
+    return (config.family == "bwd_data" and config.groups == 1 and few
+            and fill < _lanes_filled(channels * prod(config.kernel), lanes))
+
+
 def col2im(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     """Whether this backward data runs by col2im (col2im_eligible; by rule where the
     result channels are fewer than a vector's lanes or fill at most COL2IM_MAX_FILL of
     their vectors)."""
-    lanes, channels = VECTOR_LANES[config.isa], config.cin_per_group
-    fill = _lanes_filled(channels, lanes)
-    rule = (channels < lanes or fill <= COL2IM_MAX_FILL) and fill < _lanes_filled(
-        channels * prod(config.kernel), lanes)
-    return col2im_eligible(config, plan) and bool(plan.get("col2im", rule))
+    return col2im_eligible(config, plan) and bool(
+        plan.get("col2im", _col2im_rule(config, COL2IM_MAX_FILL)))
 
 
 def col2im_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -1550,7 +1566,10 @@ def _variations(config: KernelConfig, vendor: str = "") -> list[dict[str, int]]:
     bf16 pairs also the widened path's (those of the avx512 path's kernel, which widens
     alike), first where the vendor's rules widen, and the kernels without AMX."""
     if not uses_bf16_dot(config):
-        return _one_path_variations(config)
+        found = _one_path_variations(config)
+        if uses_bf16_dot(config, {"bf16_dot": 1}):  # widened for col2im by rule
+            found.insert(1, {"bf16_dot": 1})
+        return found
     pairs = _one_path_variations(config)
     widened = [{"bf16_dot": 0, **plan}
                for plan in _one_path_variations(replace(config, isa="avx512"))]

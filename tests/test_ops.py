@@ -2116,10 +2116,11 @@ COL2IM_GEOMETRY = {
 def test_few_result_channels_run_by_col2im(isa, geometry, data_format, dtype, op):
     """Backward data with few result channels multiplies diff_dst by every tap's weights
     (columns) and adds them into the result (col2im.c.j2): by rule where the result
-    channels are fewer than a vector or fill at most 3/4 of their vectors (not with bf16
-    pairs); exact on 1, 2 and 3 threads, every path."""
+    channels are fewer than a vector or fill at most 3/4 of their vectors (bf16 on
+    avx512bf16: a quarter, else bf16 pairs in the direct tiles), and the columns fill
+    more; exact on 1, 2 and 3 threads, every path."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import VECTOR_LANES, col2im
+    from convgrad.codegen.plan import VECTOR_LANES, candidates, col2im
 
     case = make_case(op, **COL2IM_GEOMETRY[geometry], data_format=data_format, dtype=dtype,
                      seed=14)
@@ -2130,9 +2131,14 @@ def test_few_result_channels_run_by_col2im(isa, geometry, data_format, dtype, op
     padded = -(-channels // lanes) * lanes
     kernel = COL2IM_GEOMETRY[geometry]["kernel"]
     columns = channels * int(np.prod(kernel))
-    assert col2im(config) == ((channels < lanes or 4 * channels <= 3 * padded)
-                              and channels / padded < columns / (-(-columns // lanes) * lanes)
-                              and not (isa == "avx512bf16" and dtype == "bf16"))
+    if isa == "avx512bf16" and dtype == "bf16":  # else bf16 pairs in the direct tiles
+        few = 4 * channels <= padded
+        assert candidates(config)[1:3] == ([{"col2im": 0}, {"bf16_dot": 1}] if few else
+                                           [{"bf16_dot": 0}])
+    else:
+        few = channels < lanes or 4 * channels <= 3 * padded
+    assert col2im(config) == (few and channels / padded < columns / (-(-columns // lanes)
+                                                                     * lanes))
     for threads in (1, 2, 3):
         run_with_plan(case, {"col2im": 1} if col2im(config, {"col2im": 1}) else {}, isa,
                       threads)
