@@ -34,7 +34,8 @@ PLAN_CHOICES = {
                     "vector block over every row",
     "step_unroll": "direct and weight-gradient tiles: multiply steps per iteration of "
                    "the reduction loop of the tiles whose registers allow it (1: none)",
-    "ncx_in_place": "1x1 NCX f32 data gradients: 1 reads NCX in place, 0 transposes",
+    "ncx_in_place": "NCX f32 data gradients by 1x1 tiles or by col2im: 1 reads NCX in "
+                    "place, 0 transposes",
     "ncx_head": "1x1 NCX f32 data gradients read in place: 1 puts a head block of one "
                 "partial vector before the blocks, so that they load whole cache lines "
                 "where every row of the input starts the same floats past one; 0 never",
@@ -1427,7 +1428,10 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                 "round_in_tiles": False, "pointwise_ncx": False, "overlap_runs": False,
                 **direct_tiles(config, plan)}
     if col2im(config, plan):
+        in_place = config.data_format == "NCX" and config.dtype == "f32" and bool(
+            plan.get("ncx_in_place", 1))
         return {"body": "col2im.c.j2", "column_runs": False, "compute_scratch": True,
+                "input_in_place": in_place,
                 "round_in_tiles": False, "pad_columns_below": 0, "image_block_bytes": 0,
                 "pointwise_ncx": False, **col2im_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
@@ -1549,6 +1553,7 @@ def render_context(config: KernelConfig, generator_version: str,
         # spread input rows, col2im.c.j2's columns)
         "compute_scratch": False,
         "column_runs": True,  # the body plans runs of output columns (runs.h.j2)
+        "input_in_place": False,  # True: a data kernel reads its input in the user's layout
         "image_block_bytes": 0,  # > 0: data_entry runs blocks of images (direct.c.j2)
         "amx": False,  # True: the body carries the AMX path (amx.h.j2)
         "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
@@ -1622,8 +1627,11 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         flip = {"col2im": int(not col2im(config))}
         if col2im(config):
             block = col2im_tiles(config)["vec_block"]
-            return [flip, *({"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa] + 1, 1, -1)
-                            if b != block),
+            ncx = [{"ncx_in_place": 0}] if (config.data_format, config.dtype) == (
+                "NCX", "f32") else []
+            return [flip, *ncx,
+                    *({"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa] + 1, 1, -1)
+                      if b != block),
                     *({"col_pixels": p} for p in (COL_PIXELS // 2, COL_PIXELS * 2))]
         # first where the direct tiles leave lanes empty, else after the other choices
         found = [flip] if config.vector_channels % VECTOR_LANES[isa] else []

@@ -2118,7 +2118,8 @@ def test_few_result_channels_run_by_col2im(isa, geometry, data_format, dtype, op
     (columns) and adds them into the result (col2im.c.j2): by rule where the result
     channels are fewer than a vector or fill at most 3/4 of their vectors (bf16 on
     avx512bf16: a quarter, else bf16 pairs in the direct tiles), and the columns fill
-    more; exact on 1, 2 and 3 threads, every path."""
+    more; NCX f32 diff_dst read in place (or transposed, a candidate); exact on 1, 2 and
+    3 threads, every path."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import VECTOR_LANES, candidates, col2im
 
@@ -2139,6 +2140,8 @@ def test_few_result_channels_run_by_col2im(isa, geometry, data_format, dtype, op
         few = channels < lanes or 4 * channels <= 3 * padded
     assert col2im(config) == (few and channels / padded < columns / (-(-columns // lanes)
                                                                      * lanes))
-    for threads in (1, 2, 3):
-        run_with_plan(case, {"col2im": 1} if col2im(config, {"col2im": 1}) else {}, isa,
-                      threads)
+    plans = [{"col2im": 1} if col2im(config, {"col2im": 1}) else {}]
+    if (data_format, dtype) == ("NCX", "f32"):  # diff_dst read in place, or transposed
+        plans.append({"col2im": 1, "ncx_in_place": 0})
+    for plan, threads in itertools.product(plans, (1, 2, 3)):
+        run_with_plan(case, plan, isa, threads)
