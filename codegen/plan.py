@@ -496,7 +496,8 @@ def uses_bf16_dot(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) ->
     the plan widens them to f32 (bf16_dot 0: the rule on Intel, vendor_plan, and for
     backward data whose result channels fill at most COL2IM_BF16_MAX_FILL of a vector,
     which then runs by col2im)."""
-    widen = _col2im_rule(config, COL2IM_BF16_MAX_FILL)
+    widen = _col2im_fills_better(config) and _lanes_filled(
+        config.cin_per_group, VECTOR_LANES[config.isa]) <= COL2IM_BF16_MAX_FILL
     return (config.dtype == "bf16" and config.isa == "avx512bf16" and not config.depthwise
             and bool(plan.get("bf16_dot", not widen)))
 
@@ -682,10 +683,10 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
 # the result pixels its taps reach. The rule takes it where the direct tiles' vectors
 # would be partly empty (fewer result channels than a vector, or at most
 # COL2IM_MAX_FILL of their lanes used) and the columns fill more of theirs (not 1x1).
-# Zen 4, batch 8, 1 thread, GFLOP/s col2im / direct (avx2 path): 7x7 s2 3 <- 64 (conv1)
-# 87 / 29, 3x3 1 <- 64 47 / 9, 3x3 7 <- 64 94 / 68,
-# 3x3 12 <- 256 99 / 75, 3x3 20 <- 64 96 / 86; full vectors lose: 3x3 16 <- 64 101 /
-# 109, 5x5 16 <- 64 105 / 116 (avx512: 106 / 120), 3x3 40 <- 64 (83% full) 100 / 102.
+# Zen 4, batch 8, 1 thread, GFLOP/s col2im / direct (avx2 path): 7x7 s2 3 <- 64
+# (conv1) 87 / 29, 3x3 1 <- 64 47 / 9, 3x3 7 <- 64 94 / 68, 3x3 12 <- 256 99 / 75,
+# 3x3 20 <- 64 96 / 86; full vectors lose: 3x3 16 <- 64 101 / 109, 5x5 16 <- 64 105 /
+# 116 (avx512: 106 / 120), 3x3 40 <- 64 (83% full) 100 / 102.
 COL2IM_MAX_FILL = 0.75
 # With bf16 on avx512bf16 the direct tiles multiply bf16 pairs (twice the products per
 # instruction), so col2im (widened to f32) takes only result channels that fill at most
@@ -710,23 +711,23 @@ def col2im_eligible(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) 
             and prod(config.kernel) * config.cin_per_group >= VECTOR_LANES[config.isa])
 
 
-def _col2im_rule(config: KernelConfig, max_fill: float) -> bool:
-    """Backward data of one group whose result channels fill at most `max_fill` of their
-    vectors (or, with max_fill COL2IM_MAX_FILL, are fewer than a vector's lanes) and
-    whose columns fill more of theirs."""
+def _col2im_fills_better(config: KernelConfig) -> bool:
+    """Backward data of one group whose columns (taps x result channels) fill more of
+    their vectors' lanes than the result channels fill of theirs."""
     lanes, channels = VECTOR_LANES[config.isa], config.cin_per_group
-    fill = _lanes_filled(channels, lanes)
-    few = fill <= max_fill or (max_fill == COL2IM_MAX_FILL and channels < lanes)
-    return (config.family == "bwd_data" and config.groups == 1 and few
-            and fill < _lanes_filled(channels * prod(config.kernel), lanes))
+    return (config.family == "bwd_data" and config.groups == 1
+            and _lanes_filled(channels, lanes)
+            < _lanes_filled(channels * prod(config.kernel), lanes))
 
 
 def col2im(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     """Whether this backward data runs by col2im (col2im_eligible; by rule where the
-    result channels are fewer than a vector's lanes or fill at most COL2IM_MAX_FILL of
-    their vectors)."""
-    return col2im_eligible(config, plan) and bool(
-        plan.get("col2im", _col2im_rule(config, COL2IM_MAX_FILL)))
+    columns fill more lanes and the result channels are fewer than a vector's lanes or
+    fill at most COL2IM_MAX_FILL of their vectors)."""
+    lanes, channels = VECTOR_LANES[config.isa], config.cin_per_group
+    rule = _col2im_fills_better(config) and (
+        channels < lanes or _lanes_filled(channels, lanes) <= COL2IM_MAX_FILL)
+    return col2im_eligible(config, plan) and bool(plan.get("col2im", rule))
 
 
 def col2im_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
