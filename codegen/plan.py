@@ -696,6 +696,11 @@ COL2IM_BF16_MAX_FILL = 0.25
 # diff_dst pixels per block of columns: the block's columns stay in L1 between the tiles
 # and the additions into the result (conv1 on avx2: 32 x 152 floats, 19 KB)
 COL_PIXELS = 32
+# Column vectors per block (_col2im_block): Zen 4 avx2, 1 thread, 3 repeats, GFLOP/s
+# by block of 2 / 3 / 4 vectors: conv1 (19 vectors: 3 leaves one) 83.8 / 82.5 / 88.5;
+# 3x3 s2 3 <- 64 (4 vectors) 61.2 / 63.2 / 69.9; 3x3 4 <- 64 (5) 83.1 / 86.1 / 78.2;
+# 3x3 12 <- 256 (14; 4 x 256 reduced channels take 32 KB) 85.8 / 84.8 / 82.3.
+COL2IM_BLOCK_BYTES = 24 * 1024
 
 
 def _lanes_filled(count: int, lanes: int) -> float:
@@ -730,10 +735,22 @@ def col2im(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     return col2im_eligible(config, plan) and bool(plan.get("col2im", rule))
 
 
+def _col2im_block(config: KernelConfig, vectors: int) -> int:
+    """Column vectors per block by rule: the widest block (avx2: 4, as 3 x 4 tiles) that
+    leaves no last block of one vector (its tiles broadcast once per multiply-add) and
+    whose weights take at most COL2IM_BLOCK_BYTES per pass (in L1)."""
+    isa = config.isa
+    for block in range(WIDE_VECTOR_BLOCK.get(isa, MAX_VECTOR_BLOCK[isa]), 1, -1):
+        weights = config.cout_per_group * block * VECTOR_LANES[isa] * 4
+        if vectors % block != 1 and weights <= COL2IM_BLOCK_BYTES:
+            return block
+    return MAX_VECTOR_BLOCK[isa]
+
+
 def col2im_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Register tiles of col2im.c.j2: diff_dst pixels x vectors of columns."""
     vectors = -(-prod(config.kernel) * config.cin_per_group // VECTOR_LANES[config.isa])
-    block = min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]))
+    block = min(vectors, plan.get("vec_block", _col2im_block(config, vectors)))
     last = _last_part(vectors, block)
     rows, rows_last, tiles = _register_tiles(config.isa, block, last, True, plan)
     return {"vec_block": block, "vec_last": last, "tile_rows": rows,
