@@ -10,7 +10,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from math import prod
+from math import gcd, prod
 from types import MappingProxyType
 
 from convgrad.codegen.config import ISAS, KernelConfig
@@ -282,16 +282,19 @@ FLATTEN_VECTOR_BLOCK = {16: 2}
 FLATTEN_BELOW_CHANNELS = {"avx512bf16": 8, "avx512": 8, "avx2": 6}
 SUMS_IN_L2_BYTES = 640 * 1024  # half of Ice Lake-SP's 1.25 MB L2
 CHUNK_BYTES = 1024 * 1024
-# ...but on the avx2 path, kernels whose rows overlap along d or h (a src row packed for
-# several output rows: the src panels of a chunk of CHUNK_BYTES outgrow L2 and stream from
-# L3 once per vector block and tap) keep chunks of about this many pixels with any sums.
-# Zen 4 avx2, batch 8, interleaved pair ratios pixels / bytes, 1 / 2 threads: ResNet-50
-# 3x3 256 on 14x14 1.03-1.06 / 1.01-1.07 (NCX 1.06 / 1.10), 512 on 7x7 0.99-1.05 /
-# 1.04-1.09 (NCX 1.08 / 1.11), bf16 1.08-1.11 / 1.07-1.19; 3x3 stride 2, 256 on 28x28
-# 1.08 / 1.07, 512 on 14x14 1.00 / 0.98; dilated 5x5 1.09 / 0.99; ResNeXt 3x3x3 16 groups
-# 1.04 / 1.03. Not 1x1 layers (0.93-1.05), 1-D ones (0.93-1.00), rows that do not overlap
-# (2x2x2 stride 2: 0.99 / 0.88), nor avx512 (3x3: 0.95-1.02).
-OVERLAP_CHUNK_PIXELS = {"avx2": CHUNK_PIXELS}
+# ...but weight gradients packed into panels whose rows overlap along d or h (each src
+# row packed once per chunk: _slot_steps) take chunks of this many pixels, whatever the
+# sums: a chunk of more rows packs fewer src rows per output row (3x3 stride 1: 4 for 2
+# rows, 10 for 8) and runs each tile longer. Zen 4, batch 8, pair ratios 512 / the rules'
+# 128 pixels (or bytes), 1 / 2 threads, avx2 NXC: ResNet-50 3x3 64 on 56x56 1.04-1.05 /
+# 1.07-1.10, 128 on 28x28 1.03-1.04 / 1.01-1.02, 256 on 14x14 1.00 / 1.00, 512 on 7x7
+# 1.07-1.08 / 1.04, conv1 1.05 / 1.35, dilated_conv:18, :21, :24, :25 1.07, 1.02, 1.02,
+# 1.04 / 1.14, 1.06, 0.99, 1.02, 3d_conv_pad:1 1.06 / 1.41, ResNeXt conv_3d:4 and :8
+# 1.03-1.04, 1.22 / 1.06, 1.51, gconv 3d 0.99-1.01 / 1.00-1.03; avx2 NCX 256 on 14x14 and
+# 512 on 7x7 1.00, 1.03 / 1.01; avx512 ResNeXt conv_3d:8 1.18-1.21 / 1.16-1.27 (NCX :4,
+# :6, :11 1.01, 1.01, 0.99 / 1.02, 1.00, 1.11), 3d_gconv_channel-block-8 0.96 / 1.09,
+# NCX 512 on 7x7 1.00 / 0.99, NXC 64-512 channels forced packed 1.00-1.02.
+PACKED_OVERLAP_CHUNK_PIXELS = 512
 
 # Weight gradients whose sums stay in L2 split their pixels into up to MAX_SLICES slices
 # (a power of two, so 2, 4, 8 threads share them evenly)
@@ -840,14 +843,16 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         dot or packed)
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
     nxc_in_place = config.data_format == "NXC" and not (packed or flatten_w or dot)
-    if in_l2 and nxc_in_place:
+    if packed and _rows_overlap(config):
+        rule_pixels = PACKED_OVERLAP_CHUNK_PIXELS
+    elif in_l2 and nxc_in_place:
         rule_pixels = NXC_IN_PLACE_CHUNK_PIXELS.get(lanes, CHUNK_PIXELS)
     elif in_l2:
         light = (config.data_format == "NCX" and config.dtype == "f32"
                  and cin * config.cout_per_group * prod(config.kernel) <= NCX_LIGHT_MACS)
         rule_pixels = NCX_LIGHT_CHUNK_PIXELS if light else CHUNK_PIXELS
     else:
-        rule_pixels = OVERLAP_CHUNK_PIXELS.get(config.isa, 0) if _rows_overlap(config) else 0
+        rule_pixels = 0
     chunk_pixels = plan.get("chunk_pixels", rule_pixels)
     max_slices = _max_slices(sums_bytes, plan)
     sums_in_output = bool(plan.get("sums_in_output", 1)) and _sums_in_output_eligible(
@@ -865,7 +870,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "packed": packed, "partial_pixels": partial_steps(config, plan),
             "max_slices": max_slices, "sums_in_output": sums_in_output,
             "slice_min_pixels": SLICE_MIN_PIXELS,
-            "chunk_pixels": chunk_pixels,
+            "chunk_pixels": chunk_pixels, "slot_steps": _slot_steps(config),
             "chunk_bytes": max(CHUNK_BYTES, sums_bytes // 2),
             "src_channels_first": src_channels_first,
             # ...and its diff_dst is transposed chunk by chunk, by the thread that uses it
@@ -886,6 +891,22 @@ def _rows_overlap(config: KernelConfig) -> bool:
     above its stride there)."""
     return any(e > s for e, s in zip(_kernel_extents(config)[:-1], config.strides[:-1],
                                      strict=True))
+
+
+def _slot_steps(config: KernelConfig) -> tuple[int, int]:
+    """Slots between consecutive output rows and between kh taps in a packed weight
+    gradient's src panels (bwd_weights_packed.c.j2): where the h extent of the dilated
+    kernel exceeds the stride, consecutive output rows share src rows and a slot is one
+    src row (strides and dilations over their common divisor); else KH slots a row.
+    Zen 4 avx2, 3x3 64 -> 64 on 56x56, 1 thread: packing took 8% of the kernel's time,
+    two thirds of it the same src rows again for each kh."""
+    kh = config.kernel[-2] if len(config.kernel) > 1 else 1
+    sh = config.strides[-2] if len(config.strides) > 1 else 1
+    dh = config.dilations[-2] if len(config.dilations) > 1 else 1
+    if (kh - 1) * dh + 1 > sh:
+        unit = gcd(sh, dh)
+        return sh // unit, dh // unit
+    return kh, 1
 
 
 def _sums_in_output_eligible(config: KernelConfig, max_slices: int, other_rows: bool) -> bool:
@@ -1628,9 +1649,9 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found += [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa], 1, -1)
                   if b != tiles["vec_block"]]
         if tiles["chunk_pixels"]:
-            found += [{"chunk_pixels": p} for p in (CHUNK_PIXELS // 2, CHUNK_PIXELS,
-                                                     CHUNK_PIXELS * 2)
-                      if p != tiles["chunk_pixels"]]
+            found += [{"chunk_pixels": p} for p in sorted({
+                CHUNK_PIXELS // 2, CHUNK_PIXELS, CHUNK_PIXELS * 2, tiles["chunk_pixels"] * 2})
+                if p != tiles["chunk_pixels"]]
         if _weight_sums_bytes(config) > SUMS_IN_L2_BYTES:  # the other of pixels and bytes
             found.append({"chunk_pixels": 0 if tiles["chunk_pixels"] else CHUNK_PIXELS})
         if tiles["max_slices"] > 1:

@@ -1399,6 +1399,11 @@ PACKED_WEIGHT_GEOMETRY = {
     "3x3": dict(spatial=(14, 11), kernel=(3, 3), in_channels=124, out_channels=124, groups=2,
                 batch=2, attrs=dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 2],
                                     pads_end=[0, 1])),
+    # rows two apart in h: each output row's src rows packed once, two slots apart;
+    # chunks of 14 rows over planes of 13
+    "3x3 dilated rows": dict(spatial=(17, 9), kernel=(3, 3), in_channels=20, out_channels=24,
+                             batch=2, attrs=dict(dilations=[2, 1], pads_begin=[1, 1],
+                                                 pads_end=[1, 0])),
     # 1-wide kernel with strides: panels hold only the columns outputs read; pads
     "1x1 strided": dict(spatial=(9, 11), kernel=(1, 1), in_channels=260, out_channels=300,
                         batch=2, attrs=dict(strides=[2, 3], pads_begin=[1, 1],
@@ -1764,16 +1769,17 @@ def test_weight_tiles_of_near_equal_height():
 def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypatch):
     """Weight sums that stay in L2 take chunks of about 128 pixels (512 for f32 NCX
     layers with few multiply-adds per pixel, 64 for f32 NXC ones read in place on
-    avx512); larger ones chunks of 1 MB of rows, but on
-    the avx2 path kernels whose rows overlap along h keep chunks of pixels. Each runs
-    several chunks here (rows of 5 pixels: 104 rows are 2-5 small chunks, or 2 large ones
-    for 280 x 300 channels), exact on 1 and 2 threads, and so does the plan with the
-    other kind of chunks."""
+    avx512); larger ones chunks of 1 MB of rows; kernels packed into panels whose rows
+    overlap along h chunks of 512 pixels with any sums. Each runs several chunks here
+    (rows of 5 pixels: 104 rows are 2-5 small chunks, 3 of 512 pixels over both images,
+    or 2 large ones for 280 x 300 channels), exact on 1 and 2 threads, and so does the
+    plan with the other kind of chunks."""
     from convgrad.codegen.plan import (
         CHUNK_PIXELS,
         NCX_LIGHT_CHUNK_PIXELS,
         NCX_LIGHT_MACS,
         NXC_IN_PLACE_CHUNK_PIXELS,
+        PACKED_OVERLAP_CHUNK_PIXELS,
         VECTOR_LANES,
         weight_tiles,
     )
@@ -1782,18 +1788,25 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
         return KernelConfig("bwd_weights", kernel, strides, (1, 1), 1, channels, channels,
                             data_format, "XIO", dtype).with_isa(isa)
 
-    by_pixels = isa == "avx2"
+    def chunk(each):
+        return weight_tiles(each)["chunk_pixels"]
+
+    def rule(each, otherwise):  # packed rows that overlap along h: 512 pixels
+        return PACKED_OVERLAP_CHUNK_PIXELS if weight_tiles(each)["packed"] else otherwise
+
     light = (NCX_LIGHT_CHUNK_PIXELS if data_format == "NCX"
              else NXC_IN_PLACE_CHUNK_PIXELS.get(VECTOR_LANES[isa], CHUNK_PIXELS))
-    assert weight_tiles(config(20))["chunk_pixels"] == light  # 3600 multiply-adds a pixel
+    assert chunk(config(20)) == rule(config(20), light)  # 3600 multiply-adds a pixel
     if data_format == "NCX":  # 1x1: 128 x 128 multiply-adds a pixel, then more
         assert weight_tiles(config(128, (1, 1)))["chunk_pixels"] == NCX_LIGHT_CHUNK_PIXELS
         assert NCX_LIGHT_MACS < 129 * 129
         assert weight_tiles(config(129, (1, 1)))["chunk_pixels"] == CHUNK_PIXELS
-    assert weight_tiles(config(20, dtype="bf16"))["chunk_pixels"] == CHUNK_PIXELS
-    assert (weight_tiles(config(280))["chunk_pixels"] > 0) == by_pixels
-    assert weight_tiles(config(280, strides=(2, 1)))["chunk_pixels"] == weight_tiles(
-        config(280))["chunk_pixels"]
+    assert chunk(config(20, dtype="bf16")) == rule(config(20, dtype="bf16"), CHUNK_PIXELS)
+    assert chunk(config(280)) == rule(config(280), 0)
+    if isa == "avx2":  # 8 lanes read 3x3 NXC layers and large NCX sums from panels
+        assert weight_tiles(config(280))["packed"]
+        assert weight_tiles(config(20))["packed"] == (data_format == "NXC")
+    assert chunk(config(280, strides=(2, 1))) == chunk(config(280))
     # rows that no two output rows share (1-high kernel, or stride 3 with 3 rows): bytes
     for other in (config(280, (1, 3)), config(280, (3, 3), (3, 1)), config(600, (1, 1))):
         assert weight_tiles(other)["chunk_pixels"] == 0

@@ -98,7 +98,8 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     import convgrad  # chunks packed into panels (NCX f32: diff_dst transposed in registers)
     from test_ops import PACKED_WEIGHT_GEOMETRY, run_with_plan
     for name, fmt, dtype in (("3x3", "NXC", "f32"), ("1x1 strided", "NCX", "bf16"),
-                             ("3d", "NCX", "f32"), ("pointwise", "NCX", "f32")):
+                             ("3d", "NCX", "f32"), ("pointwise", "NCX", "f32"),
+                             ("3x3 dilated rows", "NXC", "f32")):
         run_with_plan(make_case("ConvolutionBackwardWeights", **PACKED_WEIGHT_GEOMETRY[name],
                                 data_format=fmt, dtype=dtype), {{"packed": 1}},
                       convgrad.cpu.available_isas()[0], 2)

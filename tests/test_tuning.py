@@ -419,7 +419,7 @@ def test_weight_gradients_fetch_their_next_chunk_by_rule():
 
 def test_weight_chunks_by_pixels_and_by_bytes_are_candidates():
     """Where the weight sums exceed L2, the tuner times the other kind of chunks than the
-    rules': by bytes where the avx2 path's overlapping rows take pixels, else by pixels."""
+    rules': by bytes where packed overlapping rows take pixels, else by pixels."""
     def config(kernel, isa):
         return _config("bwd_weights", kernel, 512, 512, isa=isa)
 
