@@ -214,6 +214,13 @@ POINTWISE_WEIGHT_VECTOR_BLOCK = {"avx2": 2}
 # (kw, channel) rows then fill 6-row tiles, 3x3 stride 1 on 112x112 0.93 / 1.16, stride 2
 # 1.19 / 1.19, 7x7 stride 2 1.34 / 1.40. Not 64 vectors (3x3 512 on 7x7: 0.88 / 0.97).
 ONE_VECTOR_TAIL_MAX_VECTORS = {"avx2": 16}
+# ...and so do those where blocks of 3 leave a last block of 2 (4 x 2 tiles: 8 sums, few
+# to hide the multiply-adds' latency) and the input channels fill the 6 rows of 2-vector
+# tiles. Zen 4 avx2, batch 8, packed chunks of 512 pixels, pair ratios 2 / 3 vectors, 1 / 2
+# threads: 3x3 64->64 on 56x56 1.02 / 1.03 (NCX 1.02 / 1.01), on 28x28 1.02 / 1.02 (NCX
+# 1.03 / 1.01), stride 2 1.04 / 1.01 (NCX 1.01 / 1.01), 112->112 on 28x28 1.02 / 1.03 (NCX
+# 1.02 / 1.01), 16->64 1.02 / 1.00; beyond 16 vectors 160->160 on 14x14 1.04, 224->224
+# 1.03, 256->256 1.01-1.02, but stride 2 on 28x28 0.93; 3x3 3->64 0.73 / 0.73.
 # ...and so do 1x1 stride-1 NCX weight gradients on every path where their sums exceed
 # SUMS_IN_L2_BYTES: chunks then hold 1 MB of panels, a diff_dst block of 4 vectors is too
 # large for L1 while every row block passes over it, a block of 2 is not. Sapphire
@@ -788,8 +795,10 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     one_tap = all(k == 1 for k in config.kernel)  # 1x1, any stride
     if one_tap:
         rule = POINTWISE_WEIGHT_VECTOR_BLOCK.get(config.isa, rule)
-    elif (_last_part(vectors, rule) == 1 and vectors % 2 == 0
-          and vectors <= ONE_VECTOR_TAIL_MAX_VECTORS.get(config.isa, 0)):
+    elif (vectors % 2 == 0 and vectors <= ONE_VECTOR_TAIL_MAX_VECTORS.get(config.isa, 0)
+          and (_last_part(vectors, rule) == 1 or (
+              _last_part(vectors, rule) == 2
+              and config.cin_per_group >= ACCUMULATORS[config.isa] // 2))):
         rule = 2
     if config.data_format == "NCX" and config.pointwise and sums_bytes > SUMS_IN_L2_BYTES:
         rule = min(rule, NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK)

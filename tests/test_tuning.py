@@ -104,15 +104,17 @@ def test_avx2_vector_blocks_stay_candidates():
                                                   isa="avx2"))
 
 
-def test_avx2_weight_blocks_leave_no_one_vector_tail():
+def test_avx2_weight_blocks_leave_no_narrow_tail():
     """avx2 weight gradients take blocks of 2 vectors where blocks of 3 would leave a last
-    block of one and blocks of 2 none (4, 10, 16 vectors), else 3 (1x1 layers: 2); 3 stays
-    a candidate. Other paths keep their own rules."""
+    block of one and blocks of 2 none (4, 10, 16 vectors), or a last block of two (8, 14)
+    with input channels that fill 2-vector tiles' 6 rows, up to 16 vectors; else 3 (1x1
+    layers: 2); 3 stays a candidate. Other paths keep their own rules."""
     def block(cout, kernel=(3, 3), isa="avx2", cin=64):
         return weight_tiles(_config("bwd_weights", kernel, cin, cout, isa=isa))["vec_block"]
 
-    assert [block(c) for c in (32, 80, 128)] == [2, 2, 2]
-    assert [block(c) for c in (24, 56, 64, 256, 512)] == [3, 3, 3, 3, 3]
+    assert [block(c) for c in (32, 80, 128, 64, 112)] == [2, 2, 2, 2, 2]
+    assert [block(c) for c in (24, 56, 40, 160, 256, 512)] == [3, 3, 3, 3, 3, 3]
+    assert block(64, cin=6) == 2 and block(64, cin=5) == 3 and block(32, cin=3) == 2
     assert block(128, (1, 1)) == 2 and block(64, (1, 1)) == 2
     assert block(32, (3, 3, 3)) == 2 and block(32, (3,)) == 2
     assert block(32, isa="avx512") == 2 and block(128, isa="avx512") == 4
