@@ -267,10 +267,15 @@ NXC_IN_PLACE_CHUNK_PIXELS = {16: 64}
 # sums). Zen 4, batch 8, 56x56, pair ratios 512 / 128 on 1 / 2 threads: avx2 1x1 64->64
 # 1.09-1.11 / 1.18, 256->64 1.07-1.08 / 1.14, 64->256 1.07-1.08 / 1.14-1.16; avx512
 # 64->64 1.03-1.06 / 1.09-1.10, 256->64 1.03-1.05, 64->256 1.03-1.04 / 1.15; 7x7 3->64
-# stride 2 (224x224) 1.02-1.04 / 1.02-1.08. Not heavier layers: 3x3 64->64 (36864 per
-# pixel) 1.00-1.02 / 0.99-1.00, 1x1 512->128 on 28x28 0.99 / 0.98, 3x3 128->128 0.95-0.98
-# / 0.93-0.96; nor NXC layers (avx2 0.84-1.00, avx512 0.68-0.91), nor bf16 pairs (no
-# effect beyond the spread of one plan timed twice).
+# stride 2 (224x224) 1.02-1.04 / 1.02-1.08. Not heavier 1x1 layers (512->128 on 28x28
+# 0.99 / 0.98; 512->256 stride 2 on avx2 0.87 in a later session); nor NXC layers (avx2
+# 0.84-1.00, avx512 0.68-0.91), nor bf16 pairs (no effect beyond the spread of one plan
+# timed twice). But f32 channels-first layers whose rows overlap along d or h take them
+# whatever their work per pixel (src read in place, diff_dst transposed by chunk). First
+# measured at 1.00-1.02 / 0.99-1.00 (3x3 64->64) and 0.93-0.98 (128->128); with the
+# 2-vector blocks of 64 outputs (ONE_VECTOR_TAIL_MAX_VECTORS), Zen 4, batch 8, pair
+# ratios on 1 / 2 threads, avx2: 3x3 64->64 on 56x56 1.03-1.05 / 1.01-1.05, 128->128 on
+# 28x28 1.03 / 1.01-1.02; avx512 1.02-1.03 / 1.03-1.06, 1.01 / 1.00-1.02.
 NCX_LIGHT_CHUNK_PIXELS = 512
 NCX_LIGHT_MACS = 16384
 # Few input channels, kw taps flattened into tile rows (conv1): 16-lane paths take tiles
@@ -857,8 +862,9 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     elif in_l2 and nxc_in_place:
         rule_pixels = NXC_IN_PLACE_CHUNK_PIXELS.get(lanes, CHUNK_PIXELS)
     elif in_l2:
-        light = (config.data_format == "NCX" and config.dtype == "f32"
-                 and cin * config.cout_per_group * prod(config.kernel) <= NCX_LIGHT_MACS)
+        light = (config.data_format == "NCX" and config.dtype == "f32" and (
+            cin * config.cout_per_group * prod(config.kernel) <= NCX_LIGHT_MACS
+            or _rows_overlap(config)))
         rule_pixels = NCX_LIGHT_CHUNK_PIXELS if light else CHUNK_PIXELS
     else:
         rule_pixels = 0

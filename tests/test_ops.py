@@ -1768,8 +1768,8 @@ def test_weight_tiles_of_near_equal_height():
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypatch):
     """Weight sums that stay in L2 take chunks of about 128 pixels (512 for f32 NCX
-    layers with few multiply-adds per pixel, 64 for f32 NXC ones read in place on
-    avx512); larger ones chunks of 1 MB of rows; kernels packed into panels whose rows
+    layers with few multiply-adds per pixel or rows that overlap, 64 for f32 NXC ones
+    read in place on avx512); larger ones chunks of 1 MB of rows; kernels packed into panels whose rows
     overlap along h chunks of 512 pixels with any sums. Each runs several chunks here
     (rows of 5 pixels: 104 rows are 2-5 small chunks, 3 of 512 pixels over both images,
     or 2 large ones for 280 x 300 channels), exact on 1 and 2 threads, and so does the
@@ -1801,6 +1801,9 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
         assert weight_tiles(config(128, (1, 1)))["chunk_pixels"] == NCX_LIGHT_CHUNK_PIXELS
         assert NCX_LIGHT_MACS < 129 * 129
         assert weight_tiles(config(129, (1, 1)))["chunk_pixels"] == CHUNK_PIXELS
+        # 3x3 read in place, rows that overlap: 512 whatever the work per pixel
+        assert weight_tiles(config(128))["src_channels_first"]
+        assert chunk(config(128)) == NCX_LIGHT_CHUNK_PIXELS
     assert chunk(config(20, dtype="bf16")) == rule(config(20, dtype="bf16"), CHUNK_PIXELS)
     assert chunk(config(280)) == rule(config(280), 0)
     if isa == "avx2":  # 8 lanes read 3x3 NXC layers and large NCX sums from panels
