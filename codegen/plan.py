@@ -1664,9 +1664,9 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found += [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa], 1, -1)
                   if b != tiles["vec_block"]]
         if tiles["chunk_pixels"]:
-            found += [{"chunk_pixels": p} for p in sorted({
-                CHUNK_PIXELS // 2, CHUNK_PIXELS, CHUNK_PIXELS * 2, tiles["chunk_pixels"] * 2})
-                if p != tiles["chunk_pixels"]]
+            rule = tiles["chunk_pixels"]  # half, double (up to 512) and 128
+            found += [{"chunk_pixels": p} for p in sorted(
+                {rule // 2, CHUNK_PIXELS, min(rule * 2, PACKED_OVERLAP_CHUNK_PIXELS)} - {rule})]
         if _weight_sums_bytes(config) > SUMS_IN_L2_BYTES:  # the other of pixels and bytes
             found.append({"chunk_pixels": 0 if tiles["chunk_pixels"] else CHUNK_PIXELS})
         if tiles["max_slices"] > 1:

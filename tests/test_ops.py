@@ -1769,11 +1769,11 @@ def test_weight_tiles_of_near_equal_height():
 def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypatch):
     """Weight sums that stay in L2 take chunks of about 128 pixels (512 for f32 NCX
     layers with few multiply-adds per pixel or rows that overlap, 64 for f32 NXC ones
-    read in place on avx512); larger ones chunks of 1 MB of rows; kernels packed into panels whose rows
-    overlap along h chunks of 512 pixels with any sums. Each runs several chunks here
-    (rows of 5 pixels: 104 rows are 2-5 small chunks, 3 of 512 pixels over both images,
-    or 2 large ones for 280 x 300 channels), exact on 1 and 2 threads, and so does the
-    plan with the other kind of chunks."""
+    read in place on avx512); larger ones chunks of 1 MB of rows; kernels packed into
+    panels whose rows overlap along h chunks of 512 pixels with any sums. Each runs
+    several chunks here (rows of 5 pixels: 104 rows are 2-5 small chunks, 3 of 512
+    pixels over both images, or 2 large ones for 280 x 300 channels), exact on 1 and 2
+    threads, and so does the plan with the other kind of chunks."""
     from convgrad.codegen.plan import (
         CHUNK_PIXELS,
         NCX_LIGHT_CHUNK_PIXELS,
