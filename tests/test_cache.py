@@ -171,6 +171,24 @@ def test_size_cap_evicts_least_recently_used(fresh_cache, monkeypatch):
     assert first["library"] not in left and second["library"] in left and len(left) == 2
 
 
+def test_builds_rescan_the_cache_only_past_its_cap(fresh_cache, monkeypatch):
+    """Eviction's scan of the folder (after each build, 0.7 s in a cache of 8000 entries
+    when it read every record) runs once per process and folder, then again only when
+    the bytes built since would pass the cap."""
+    scans = []
+    real = cache._usage
+    monkeypatch.setattr(cache, "_usage", lambda folder: scans.append(folder) or real(folder))
+    for k in (1, 2, 3):
+        case = make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(k, 1), seed=k)
+        convgrad.execute(case.op, case.inputs, case.attrs)
+    assert scans == [fresh_cache]
+    assert len(cache.entries(fresh_cache)) == 3  # (a scan too)
+    monkeypatch.setenv("CONVGRAD_CACHE_MAX_MB", "0.01")
+    case = make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(4, 1), seed=4)
+    convgrad.execute(case.op, case.inputs, case.attrs)
+    assert len(scans) == 3 and len(cache.entries(fresh_cache)) == 1  # the new one kept
+
+
 def test_show_and_clear_commands(fresh_cache):
     case = make_case("ConvolutionBackwardData", spatial=(4, 4), kernel=(2, 2), seed=3)
     convgrad.execute(case.op, case.inputs, case.attrs)
