@@ -915,10 +915,10 @@ def _slot_steps(config: KernelConfig) -> tuple[int, int]:
     src row (strides and dilations over their common divisor); else KH slots a row.
     Zen 4 avx2, 3x3 64 -> 64 on 56x56, 1 thread: packing took 8% of the kernel's time,
     most of it src rows, each packed once for every kh that reads it."""
-    kh = config.kernel[-2] if len(config.kernel) > 1 else 1
-    sh = config.strides[-2] if len(config.strides) > 1 else 1
-    dh = config.dilations[-2] if len(config.dilations) > 1 else 1
-    if (kh - 1) * dh + 1 > sh:
+    if len(config.kernel) < 2:  # 1-D: one row per output row
+        return 1, 1
+    kh, sh, dh = config.kernel[-2], config.strides[-2], config.dilations[-2]
+    if _kernel_extents(config)[-2] > sh:
         unit = gcd(sh, dh)
         return sh // unit, dh // unit
     return kh, 1
