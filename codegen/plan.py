@@ -60,6 +60,9 @@ PLAN_CHOICES = {
     "image_block_kb": "NCX data gradients: KB of input (f32, or bf16 pairs) and f32 result "
                       "copies per block of images; bf16 weight gradients with vdpbf16ps: KB "
                       "of src and diff_dst pair copies per block (0: the whole batch at once)",
+    "band_kb": "NCX data gradients by direct tiles (1-D and 2-D): KB of input and result "
+               "rows each thread copies channels-last, computes and copies back a band at a "
+               "time (0: blocks of whole images, image_block_kb)",
     "spread_whole_mb": "data gradients across groups: MB of spread input up to which it is "
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
@@ -442,6 +445,21 @@ IMAGE_BLOCK_BYTES = 1 << 20
 # 3x3 1.06 / 1.02 (NXC 1x1 stride-1 layers run the batch as one image). Not where the
 # whole batch's copies take at most two blocks (1024->256 on 14x14, 4 MB: NCX 1.04 / 0.98).
 WEIGHT_IMAGE_BLOCK_BYTES = 2 << 20
+# ...but 1-D and 2-D f32 and f16 ones copy bands of a few rows per thread instead, the
+# rows of about BAND_BYTES of input and result staying in the thread's cache between the
+# transposes and the tiles (band_bytes). Zen 4, ResNet-50 NCX batch 8, pair ratios bands
+# of 512 KB / blocks of images (1 MB), 1 / 2 threads: avx2 3x3 64 on 56x56 1.05 / 1.05,
+# 128 on 28x28 1.04 / 1.03, 256 on 14x14 1.03 / 1.01, 1x1 stride 2 256->512 1.29 / 1.32,
+# 256->128 1.64 / 1.70, 512->1024 1.23 / 1.20, 1024->512 1.22 / 1.10; avx512 1.00 / 1.02,
+# 1.04 / 1.04, 1.01 / 0.98, 1.03 / 1.07, 1.07 / 1.06, 1.08 / 0.96, 1.12 / 1.06. Bands of
+# 256 KB: the same on 3x3 layers, 4-10% slower on the strided ones (two rows a band,
+# each band reading all the weights again).
+BAND_BYTES = 512 << 10
+# ...not where the weights exceed this many bytes (f32): each band reads all of them
+# again (512 -> 2048 1x1 stride 2, 8 MB: avx2 1.09 / 1.01, avx512 0.97 / 0.97; 3x3 512
+# on 7x7, 9 MB: 1.00 / 1.00, 1.02 / 1.02, and in a slower phase of the VM 0.92 on 2
+# threads).
+BAND_MAX_WEIGHT_BYTES = 4 << 20
 
 # 1x1 stride-1 data gradients run all the vector blocks of a block of pixels together
 # (the input read once) while their weights take at most this; larger weights go vector
@@ -1438,15 +1456,31 @@ def overlap_runs(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     return bool(plan.get("overlap_runs", 1))
 
 
+def band_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
+    """Bytes of input and result rows per band of a channels-first data gradient that
+    copies, computes and copies back a few rows at a time (ncx_bands.h.j2); 0: blocks of
+    whole images (image_block_bytes). Not for 3-D layers (a band of rows reads rows of
+    several planes), 1x1 layers (their tiles run over all of an image's pixels at once)
+    or bf16 pairs (their own copies)."""
+    eligible = (config.data_format == "NCX" and config.family != "bwd_weights"
+                and config.rank <= 2 and not config.pointwise
+                and not uses_bf16_dot(config, plan))
+    weight_bytes = (prod(config.kernel) * config.groups * config.cin_per_group
+                    * config.cout_per_group * 4)
+    rule = BAND_BYTES if weight_bytes <= BAND_MAX_WEIGHT_BYTES else 0
+    return plan.get("band_kb", rule >> 10) << 10 if eligible else 0
+
+
 def image_block_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
     """Bytes of copies per block of images: input and result copies a channels-first
-    data gradient copies in, computes and copies out before the next; the pixel pairs a
-    bf16 weight gradient with vdpbf16ps copies and sums before the next (0: the whole
-    batch at once)."""
+    data gradient copies in, computes and copies out before the next (unless it goes by
+    bands of rows); the pixel pairs a bf16 weight gradient with vdpbf16ps copies and sums
+    before the next (0: the whole batch at once)."""
     if config.family == "bwd_weights":
         rule = WEIGHT_IMAGE_BLOCK_BYTES if uses_bf16_dot(config, plan) else 0
     else:
-        rule = IMAGE_BLOCK_BYTES if config.data_format == "NCX" else 0
+        rule = IMAGE_BLOCK_BYTES if config.data_format == "NCX" and not band_bytes(
+            config, plan) else 0
     return plan.get("image_block_kb", rule >> 10) << 10 if rule else 0
 
 
@@ -1490,11 +1524,14 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
                 "pointwise_ncx": False, **col2im_tiles(config, plan)}
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     amx = amx_tiles(config, plan)
-    second, ncx_second = split_tiles(config.data_format, tiles["tiles"],
-                                     ncx.get("ncx_tiles", []), amx["amx"])
+    bands = band_bytes(config, plan)
+    second, ncx_second = split_tiles("NCX bands" if bands else config.data_format,
+                                     tiles["tiles"], ncx.get("ncx_tiles", []), amx["amx"])
     return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
             "overlap_runs": overlap_runs(config, plan),
             "stream_min_bytes": stream_min_bytes(config, plan),
+            "band_bytes": bands,
+            "no_scratch": bool(bands),  # copies bands of rows, not whole tensors
             "image_block_bytes": image_block_bytes(config, plan),
             "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx, **amx}
 
@@ -1505,12 +1542,15 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
 # (fit to GCC 12's times for the parts of ResNet-50 kernels compiled alone, Zen 4: about
 # 1 ms a unit). The copies of data kernels that pack their input and unpack their
 # result (pack_data, unpack_data: channels-first kernels' transposes) are the second
-# object's, SECOND_BASE_COST. The AMX path, always the second object's, costs about
-# AMX_COST (Sapphire Rapids, GCC 12: 0.15-0.25 s; NCX with its channels-last copies).
-BASE_COST = {"NXC": 150, "NCX": 180}
-SECOND_BASE_COST = {"NXC": 0, "NCX": 150}
+# object's, SECOND_BASE_COST; the transposes of kernels that copy bands of rows
+# (ncx_bands.h.j2) the first's, with the bands' loop ("NCX bands": measured as 0.1 s more
+# in the first object and 0.15 s less in the second than with whole copies). The AMX
+# path, always the second object's, costs about AMX_COST (Sapphire Rapids, GCC 12:
+# 0.15-0.25 s; NCX with its channels-last copies).
+BASE_COST = {"NXC": 150, "NCX": 180, "NCX bands": 280}
+SECOND_BASE_COST = {"NXC": 0, "NCX": 150, "NCX bands": 0}
 TILE_COST = 30
-AMX_COST = {"NXC": 150, "NCX": 250}
+AMX_COST = {"NXC": 150, "NCX": 250, "NCX bands": 250}
 
 
 def split_tiles(data_format: str, tiles: list[tuple[int, int]],
@@ -1609,12 +1649,13 @@ def render_context(config: KernelConfig, generator_version: str,
         "column_runs": True,  # the body plans runs of output columns (runs.h.j2)
         "input_in_place": False,  # True: a data kernel reads its input in the user's layout
         "image_block_bytes": 0,  # > 0: data_entry runs blocks of images (direct.c.j2)
+        "band_bytes": 0,  # > 0: data_entry runs bands of rows (direct.c.j2, ncx_bands.h.j2)
         "amx": False,  # True: the body carries the AMX path (amx.h.j2)
         "pad_max_zeros_percent": PAD_MAX_ZEROS_PERCENT,
         # NCX blocks of VL channels x VL pixels transposed in registers: into f32 scratch
-        # (whole tensors or chunks) and into the packed plan's diff_dst panels
+        # (whole tensors, bands of rows or chunks) and into the packed plan's diff_dst panels
         "transpose_to_f32": config.data_format == "NCX" and (
-            body["body"] == "bwd_weights_packed.c.j2"
+            body["body"] == "bwd_weights_packed.c.j2" or body.get("band_bytes", 0) > 0
             or not (uses_bf16_dot(config, plan) or body.get("no_scratch", False))),
         **body,
     }
@@ -1709,6 +1750,8 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found.append({"overlap_runs": 0})
     if pad_columns_below(config, {"pad_columns": 1}):
         found.append({"pad_columns": int(not pad_columns_below(config))})
+    if band_bytes(config, {"band_kb": BAND_BYTES >> 10}):
+        found.append({"band_kb": 0 if band_bytes(config) else BAND_BYTES >> 10})
     if image_block_bytes(config):
         found.append({"image_block_kb": 0})
     if tiles["pointwise"]:

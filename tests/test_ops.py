@@ -1232,13 +1232,68 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
     config = problem.config.with_isa(isa)
     direct = {"col2im": 0} if col2im_eligible(config) else {}
-    blocks, whole = {"image_block_kb": 1, **direct}, {"image_block_kb": 0, **direct}
+    blocks = {"band_kb": 0, "image_block_kb": 1, **direct}
+    whole = {"band_kb": 0, "image_block_kb": 0, **direct}
     for threads in (1, 2, 3):
         run_with_plan(case, blocks, isa, threads)
         dims = kernels.dims_of(problem, threads)
         assert (kernels.get_kernel(config, blocks).workspace_size(dims)
                 < kernels.get_kernel(config, whole).workspace_size(dims))
     run_with_plan(case, whole, isa, 2)
+
+
+BAND_GEOMETRY = [name for name in IMAGE_BLOCK_GEOMETRY if name != "3d"]
+
+
+@pytest.mark.parametrize("isa,op,dtype,geometry", [  # two geometries each, rotating
+    (isa, op, dtype, geometry) for i, (isa, (op, dtype)) in enumerate(
+        (isa, pair) for isa in ISAS
+        for pair in [("ConvolutionBackwardData", "f32"), ("ConvolutionBackwardData", "f16"),
+                     ("ConvTransposeBackwardData", "f32")])
+    for geometry in rotating(BAND_GEOMETRY, i, 2)])
+def test_ncx_data_gradients_in_bands_of_rows(isa, geometry, op, dtype):
+    """1-D and 2-D NCX data gradients copy in, compute and copy out a band of rows per
+    thread at a time (forced here to bands of one row, of a few rows that image ends and
+    thread shares cut short, and of one row read from zero-padded columns): exact on 1,
+    2 and 3 threads with a workspace smaller than whole images' copies, and on
+    real-valued data the same bits as the same plan on the whole batch's copies whatever
+    the bands and the threads (each result row is summed in the same order).
+    (direct.c.j2's: col2im off.)"""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import band_bytes, col2im_eligible
+
+    case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
+                     dtype=dtype, seed=19)
+    a, b = case.inputs[:2]
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
+    config = problem.config.with_isa(isa)
+    direct = {"col2im": 0} if col2im_eligible(config) else {}
+    plans = [{"band_kb": 1, **direct}, {"band_kb": 3, **direct},
+             {"band_kb": 1, "pad_columns": 1, "overlap_runs": 0, **direct}]
+    whole = {"band_kb": 0, "image_block_kb": 0, **direct}
+    assert all(band_bytes(config, plan) for plan in plans) and not band_bytes(config, whole)
+    for plan in plans:
+        for threads in (1, 2, 3):
+            run_with_plan(case, plan, isa, threads)
+    dims = kernels.dims_of(problem, 2)
+    assert (kernels.get_kernel(config, plans[0]).workspace_size(dims)
+            < kernels.get_kernel(config, whole).workspace_size(dims))
+    rng = np.random.default_rng(3)
+    a, b = ((x + rng.standard_normal(x.shape)).astype(x.dtype) for x in (a, b))
+    first, second = (b, a) if problem.swap_inputs else (a, b)
+
+    def result(plan, threads):
+        kernel, dims = kernels.get_kernel(config, plan), kernels.dims_of(problem, threads)
+        out = np.empty(problem.output_shape, dtype=a.dtype)
+        kernels.call(kernel, problem, dims, first, second, out,
+                     np.empty(kernel.workspace_size(dims), dtype=np.uint8))
+        return out
+
+    for plan in plans:
+        blocks = result({**plan, "band_kb": 0, "image_block_kb": 0}, 1)
+        for threads in (1, 3):
+            np.testing.assert_array_equal(result(plan, threads), blocks)
 
 
 BF16_PAIR_GEOMETRY = {
@@ -1374,10 +1429,10 @@ def test_image_blocks_by_rule():
     def config(fmt="NCX", dtype="f32", isa="avx2", family="bwd_data"):
         return KernelConfig(family, (3, 3), (1, 1), (1, 1), 1, 64, 64, fmt, "OIX", dtype, isa)
 
-    assert image_block_bytes(config()) == IMAGE_BLOCK_BYTES
-    assert image_block_bytes(config(dtype="f16", isa="avx512")) == IMAGE_BLOCK_BYTES
+    assert image_block_bytes(config(), {"band_kb": 0}) == IMAGE_BLOCK_BYTES
+    assert image_block_bytes(config(dtype="f16", isa="avx512"), {"band_kb": 0}) == IMAGE_BLOCK_BYTES
     assert image_block_bytes(config(dtype="bf16", isa="avx512bf16")) == IMAGE_BLOCK_BYTES
-    assert image_block_bytes(config(), {"image_block_kb": 64}) == 64 << 10
+    assert image_block_bytes(config(), {"band_kb": 0, "image_block_kb": 64}) == 64 << 10
     for never in (config(fmt="NXC"), config(fmt="NXC", dtype="bf16"),
                   config(fmt="NXC", dtype="bf16", isa="avx512bf16")):
         assert image_block_bytes(never) == 0
@@ -1393,6 +1448,45 @@ def test_image_blocks_by_rule():
             assert all("image_block_kb" not in plan for plan in candidates(never))
         assert image_block_bytes(pairs, {"bf16_dot": 0}) == 0
 
+
+
+def test_bands_by_rule():
+    """The planner (pure) runs channels-first 1-D and 2-D data gradients in bands of
+    BAND_BYTES of rows per thread, f32 and widened f16 alike, for both data ops; never 3-D
+    (rows of several planes), 1x1 stride-1 layers, bf16 pairs, channels-last data, weight
+    gradients, or weights past BAND_MAX_WEIGHT_BYTES (those keep blocks of images); the
+    other choice is a candidate either way."""
+    from convgrad.codegen.plan import (
+        BAND_BYTES,
+        BAND_MAX_WEIGHT_BYTES,
+        IMAGE_BLOCK_BYTES,
+        band_bytes,
+        candidates,
+        image_block_bytes,
+    )
+
+    def config(kernel=(3, 3), strides=(1, 1), channels=64, fmt="NCX", dtype="f32",
+               isa="avx2", family="bwd_data"):
+        rank = len(kernel)
+        return KernelConfig(family, kernel, strides, (1,) * rank, 1, channels, channels, fmt,
+                            "OIX", dtype, isa)
+
+    for banded in (config(), config(family="fwd"), config(kernel=(5,), strides=(1,)),
+                   config(kernel=(1, 1), strides=(2, 2)), config(dtype="f16", isa="avx512"),
+                   config(channels=256)):
+        assert band_bytes(banded) == BAND_BYTES and image_block_bytes(banded) == 0
+        assert band_bytes(banded, {"band_kb": 16}) == 16 << 10
+        assert {"band_kb": 0} in candidates(banded)
+    assert 9 * 256 * 256 * 4 <= BAND_MAX_WEIGHT_BYTES < 9 * 512 * 512 * 4
+    heavy = config(channels=512)
+    assert band_bytes(heavy) == 0 and image_block_bytes(heavy) == IMAGE_BLOCK_BYTES
+    assert band_bytes(heavy, {"band_kb": 256}) and {"band_kb": BAND_BYTES >> 10} in candidates(
+        heavy)
+    for never in (config(kernel=(3, 3, 3), strides=(1, 1, 1)), config(kernel=(1, 1)),
+                  config(dtype="bf16", isa="avx512bf16"), config(fmt="NXC"),
+                  config(family="bwd_weights")):
+        assert band_bytes(never) == band_bytes(never, {"band_kb": 16}) == 0
+        assert all("band_kb" not in plan for plan in candidates(never))
 
 PACKED_WEIGHT_GEOMETRY = {
     # taps, stride, dilation, groups, pads; about 2 chunks per image

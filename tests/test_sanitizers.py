@@ -201,12 +201,19 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     run_streamed(make_case("ConvolutionBackwardData", **STREAM_GEOMETRY["strided"], batch=2),
                  {{"stream_kb": 1}}, convgrad.cpu.available_isas()[0])
     # NCX data gradients a block of images at a time (one per thread; the last block
-    # short), padded rows in the block's copy
+    # short), padded rows in the block's copy; and a band of rows at a time (one row, a
+    # few rows cut short, padded rows in the band's copy)
     from test_ops import IMAGE_BLOCK_GEOMETRY
     for name, dtype in (("3x3 padded", "f32"), ("strided", "f32"), ("strided", "bf16")):
         run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
                                 batch=5, data_format="NCX", dtype=dtype),
-                      {{"image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 3)
+                      {{"band_kb": 0, "image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 3)
+    for name, plan in (("3x3 padded", {{"band_kb": 3}}), ("strided", {{"band_kb": 1}}),
+                       ("1d", {{"band_kb": 1}}),
+                       ("3x3 padded", {{"band_kb": 1, "pad_columns": 1, "overlap_runs": 0}})):
+        run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
+                                batch=5, data_format="NCX", dtype="f16"),
+                      plan, convgrad.cpu.available_isas()[0], 3)
     # few result channels by col2im: row shares inside an image, dilated taps, edges
     from test_ops import COL2IM_GEOMETRY
     for name, fmt in (("conv1", "NXC"), ("1d", "NCX"), ("3d", "NXC")):
