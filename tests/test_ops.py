@@ -2137,16 +2137,17 @@ def test_weight_gradients_swap_their_inputs_by_rule():
     unswapped = [dict(in_channels=37, out_channels=20), dict(data_format="NXC"),
                  dict(dtype="f16"), dict(groups=2, in_channels=20, out_channels=38),
                  dict(attrs=dict(strides=2)), dict(attrs=dict(pads_begin=[1, 0], pads_end=[1, 0])),
-                 dict(kernel=(1, 3)), dict(in_channels=128, out_channels=512),
+                 dict(kernel=(1, 3)), dict(in_channels=160, out_channels=512),
                  dict(in_channels=512, out_channels=128), dict(in_channels=256, out_channels=1024)]
     for change in unswapped:
         geometry = {**SWAPPED, **change}
         problem = _problem(make_case("ConvolutionBackwardWeights", **geometry))
         assert not problem.swap_inputs, change
         assert problem.config.cout_per_group * problem.config.groups == geometry["out_channels"]
-    problem = _problem(make_case("ConvolutionBackwardWeights", **{**SWAPPED, "in_channels": 1024,
-                                                                  "out_channels": 256}))
-    assert problem.swap_inputs and problem.config.cout_per_group == 1024
+    for cin, cout in ((1024, 256), (128, 512)):  # 1 MB, fewer outputs; 256 KB, more
+        problem = _problem(make_case("ConvolutionBackwardWeights",
+                                     **{**SWAPPED, "in_channels": cin, "out_channels": cout}))
+        assert problem.swap_inputs and problem.config.cout_per_group == cin
 
 
 @pytest.mark.parametrize("isa", ISAS)
