@@ -349,6 +349,15 @@ SUMS_IN_OUTPUT_MAX_ROW = {8: 2048}
 # / 1.17; not 512->512 on 7x7 (9.4 MB: 0.96-0.97 / 1.12-1.13), nor 1x1 layers (1024->512,
 # 2 MB: 0.99 / 0.91). Intel's cores keep 64 KB on avx2 and 1 MB on avx512
 # (INTEL_NCX_IN_PLACE_MAX_SUMS): a vendor's rule is a plan (vendor_plan).
+# Those of one group and several taps read src in place with more output than input
+# channels too, f32 (f16 and bf16 not measured). Zen 4, batch 8, 1 thread, time packed /
+# in place: avx2 3->64 7x7 stride 2 (ResNet-50's conv1) 1.04-1.05 (2 threads 1.07), 3x3
+# 3->64, 4->64, 5->64, 8->64 on 112x112 1.08, 1.09, 1.20, 1.07, 3x3 16->64 on 56x56 1.05,
+# 32->64 on 112x112 1.02, 64->128 on 56x56 1.02 (stride 2 1.12), 5x5 16->32 1.04; avx512
+# (4 -> 16 channels, where few channels do not flatten into (kw, channel) rows) 1.03-1.04,
+# 32->64 1.05, 64->128 1.04 (stride 2 1.04); up to these limits, not
+# NCX_IN_PLACE_MAX_TAPS_SUMS: 128->256 on 28x28 (1.2 MB) avx2 0.88, avx512 0.98-1.02,
+# 256->320 and 256->512 on 14x14 avx512 0.97-0.99 on 1 and 2 threads.
 NCX_IN_PLACE_MAX_SUMS = {16: 1024 * 1024, 8: SUMS_IN_L2_BYTES}
 NCX_IN_PLACE_MAX_TAPS_SUMS = {16: 4 * 1024 * 1024}
 PACKED_NCX_VENDORS = {"avx2": ("GenuineIntel",), "avx512": ("GenuineIntel",)}
@@ -579,8 +588,10 @@ def vendor_plan(config: KernelConfig, vendor: str,
     if vendor in WIDEN_BF16_VENDORS and uses_bf16_dot(config):
         return {"bf16_dot": 0, **plan}
     if (vendor in PACKED_NCX_VENDORS.get(config.isa, ()) and _ncx_in_place(config)
-            and _weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS[
-                VECTOR_LANES[config.isa]]):
+            and (_weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS[
+                VECTOR_LANES[config.isa]]
+                 # more outputs than inputs: in place measured on AMD's cores only
+                 or config.cout_per_group > config.cin_per_group)):
         return {"packed": 1, **plan}
     if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
             and not _nxc_in_place(config, intel=True) and _feeds_packing(config)
@@ -861,9 +872,13 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     cin, cout = config.groups * channels, config.groups * config.cout_per_group
     if config.data_format == "NCX":
         most = NCX_IN_PLACE_MAX_SUMS.get(lanes, NCX_IN_PLACE_MAX_SUMS[8])
+        # more outputs than inputs: packed for 1x1 layers (those of small weights run
+        # swapped instead), read in place with several taps (see NCX_IN_PLACE_MAX_SUMS)
+        more_outputs = (not one_tap and config.groups == 1 and config.dtype == "f32"
+                        and sums_bytes <= most)
         if not one_tap and config.dtype == "f32":
             most = max(most, NCX_IN_PLACE_MAX_TAPS_SUMS.get(lanes, 0))
-        in_place = cout <= cin and sums_bytes <= most
+        in_place = (cout <= cin or more_outputs) and sums_bytes <= most
     else:
         in_place = _nxc_in_place(config)
     packed = not flatten_w and not dot and bool(plan.get(

@@ -1581,6 +1581,50 @@ def test_ncx_weights_read_in_place_with_sums_beyond_l2(isa, monkeypatch):
         run_with_plan(case, {}, isa, threads)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_ncx_weights_with_more_outputs_read_src_in_place(isa, monkeypatch):
+    """f32 channels-first weight gradients of several taps and one group read src in
+    place with more output than input channels too (conv1-like 3 -> 20 channels, 7x7
+    stride 2; 5 -> 37 with dilation and a channel tail), unless their sums pass the
+    path's limit; not 1x1, grouped, f16 ones nor Intel's: exact on 1 and 2 threads."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.plan import PACKED_NCX_VENDORS, vendor_plan, weight_tiles
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+
+    def tiles_of(case, dtype="f32"):
+        config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                         dtype).config.with_isa(isa)
+        return config, weight_tiles(config)
+
+    cases = [make_case("ConvolutionBackwardWeights", spatial=(23, 20), kernel=(7, 7),
+                       in_channels=3, out_channels=20, batch=2, data_format="NCX", seed=3,
+                       attrs=dict(strides=2, pads_begin=3, pads_end=2)),
+             make_case("ConvolutionBackwardWeights", spatial=(13, 17), kernel=(3, 3),
+                       in_channels=5, out_channels=37, batch=3, data_format="NCX", seed=4,
+                       attrs=dict(dilations=[1, 2], pads_begin=1, pads_end=[0, 2]))]
+    for case in cases:
+        config, tiles = tiles_of(case)
+        flattened = tiles["flatten_w"]  # few channels in (kw, channel) rows, not in place
+        assert tiles["src_in_place"] is not flattened and not tiles["packed"]
+        assert vendor_plan(config, "GenuineIntel").get("packed") == (
+            None if flattened or config.isa not in PACKED_NCX_VENDORS else 1)
+        for threads in (1, 2):
+            run_with_plan(case, {}, isa, threads)
+    others = [dict(kernel=(1, 1), in_channels=300, out_channels=1000),  # 1x1, 1.2 MB
+              dict(kernel=(3, 3), in_channels=16, out_channels=64, groups=2),
+              dict(kernel=(3, 3), in_channels=128, out_channels=256),  # 1.2 MB of sums
+              dict(kernel=(3, 3), in_channels=400, out_channels=500)]  # 7.2 MB
+    for geometry in others:
+        _, tiles = tiles_of(make_case("ConvolutionBackwardWeights", spatial=(6, 6),
+                                      data_format="NCX", **geometry))
+        assert not tiles["src_in_place"], geometry
+    _, tiles = tiles_of(make_case("ConvolutionBackwardWeights", spatial=(6, 6), kernel=(3, 3),
+                                  in_channels=16, out_channels=64, data_format="NCX",
+                                  dtype="f16"), "f16")
+    assert not tiles["src_channels_first"]
+
+
 SLICED_WEIGHT_GEOMETRY = {
     # 1x1: read in place (channels-last f32 on avx512) or from packed panels
     "1x1": dict(spatial=(32, 33), kernel=(1, 1), in_channels=150, out_channels=40, batch=4),
