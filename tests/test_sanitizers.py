@@ -162,6 +162,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     run_case(make_case("ConvolutionBackwardWeights", spatial=(40, 33), kernel=(1, 1),  # swapped
                        in_channels=20, out_channels=37, batch=2, data_format="NCX",
                        weights_format="OIX"), num_threads=2)
+    run_case(make_case("ConvolutionBackwardWeights", spatial=(13, 17), kernel=(3, 3),
+                       in_channels=5, out_channels=37, batch=3, data_format="NCX",  # src in
+                       attrs=dict(dilations=[1, 2], pads_begin=1, pads_end=[0, 2])),  # place
+             num_threads=2)
     run_case(make_case("ConvolutionBackwardData", spatial=(3, 37), kernel=(2, 3),  # sliding
                        in_channels=40, out_channels=40, groups=40,
                        attrs=dict(pads_begin=[1, 2], pads_end=[0, 1])), num_threads=2)
