@@ -224,12 +224,17 @@ ONE_VECTOR_TAIL_MAX_VECTORS = {"avx2": 16}
 # 1.03 / 1.01), stride 2 1.04 / 1.01 (NCX 1.01 / 1.01), 112->112 on 28x28 1.02 / 1.03 (NCX
 # 1.02 / 1.01), 16->64 1.02 / 1.00; beyond 16 vectors 160->160 on 14x14 1.04, 224->224
 # 1.03, 256->256 1.01-1.02, but stride 2 on 28x28 0.93; 3x3 3->64 0.73 / 0.73.
-# ...and so do 1x1 stride-1 NCX weight gradients on every path where their sums exceed
-# SUMS_IN_L2_BYTES: chunks then hold 1 MB of panels, a diff_dst block of 4 vectors is too
-# large for L1 while every row block passes over it, a block of 2 is not. Sapphire
-# Rapids avx512, batch 8, 1 thread, pair ratios 2 / 4 vectors: 256->1024 1.15, 512->2048
-# 1.13, 2048->512 1.10 (strided 1x1 and 3x3 layers 0.98-1.01: not them).
+# On Intel's cores (a vendor's rule: vendor_plan), so do 1x1 stride-1 NCX weight
+# gradients where their sums exceed SUMS_IN_L2_BYTES: chunks then hold 1 MB of panels, a
+# diff_dst block of 4 vectors is too large for L1 while every row block passes over it, a
+# block of 2 is not. Sapphire Rapids avx512, batch 8, 1 thread, pair ratios 2 / 4
+# vectors: 256->1024 1.15, 512->2048 1.13, 2048->512 1.10 (strided 1x1 and 3x3 layers
+# 0.98-1.01: not them). Zen 4 (1 MB of L2) the other way: ResNet-50 batch 8, in-run pair
+# ratios 4 / 2 vectors, 1 / 2 threads: res4a_branch2c (256->1024) 1.09-1.10 / 1.07-1.08,
+# res5a_branch2c (512->2048) 1.08-1.09 / 1.10; run swapped, 1.00 / 0.99-1.03
+# (res4b_branch2a) and 0.99 / 1.00-1.01 (res5b_branch2a).
 NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK = 2
+NCX_WIDE_SUMS_VENDORS = ("GenuineIntel",)
 # ...and 1x1 f32 channels-last weight gradients on 16-lane paths with this many output
 # channels (8-16 vectors): 13 x 2 tiles rather than 6 x 4. Sapphire Rapids avx512, batch
 # 8, pair ratios 2 / 4 vectors, 1 / 2 threads: 64->256 1.13 / 1.13, 512->128 1.15 / 1.13,
@@ -577,7 +582,8 @@ def vendor_plan(config: KernelConfig, vendor: str,
                 features: Iterable[str] | None = None) -> dict[str, int]:
     """The rules' plan on a CPU of `vendor` (/proc/cpuinfo's vendor_id, archspec's
     Target.vendor; "" where unknown): {} but where a vendor was measured apart from
-    the CPUs the rules were set on (NARROW_VENDORS, WIDEN_BF16_VENDORS). `features`,
+    the CPUs the rules were set on (NARROW_VENDORS, WIDEN_BF16_VENDORS, the packing and
+    wide-sums vendors). `features`,
     for a kernel built for this CPU alone (a lazy compilation; not an ahead-of-time
     build, which may run elsewhere): its CPU features, and without AMX the kernel
     leaves the AMX path out, which it would never take (it compiles 0.1-0.3 s longer)."""
@@ -593,6 +599,11 @@ def vendor_plan(config: KernelConfig, vendor: str,
                  # more outputs than inputs: in place measured on AMD's cores only
                  or config.cout_per_group > config.cin_per_group)):
         return {"packed": 1, **plan}
+    if (vendor in NCX_WIDE_SUMS_VENDORS and config.family == "bwd_weights"
+            and config.data_format == "NCX" and config.pointwise
+            and _weight_sums_bytes(config) > SUMS_IN_L2_BYTES
+            and weight_tiles(config)["vec_block"] > NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK):
+        return {"vec_block": NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK, **plan}
     if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
             and not _nxc_in_place(config, intel=True) and _feeds_packing(config)
             and _body(config, EMPTY_PLAN)["body"] == "bwd_weights.c.j2"
@@ -834,8 +845,6 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
               _last_part(vectors, rule) == 2
               and config.cin_per_group >= ACCUMULATORS[config.isa] // 2))):
         rule = 2
-    if config.data_format == "NCX" and config.pointwise and sums_bytes > SUMS_IN_L2_BYTES:
-        rule = min(rule, NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK)
     low, high = NXC_POINTWISE_MID_COUT
     if (lanes == 16 and config.data_format == "NXC" and config.dtype == "f32"
             and one_tap and low <= config.cout_per_group <= high):

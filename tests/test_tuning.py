@@ -190,7 +190,26 @@ def test_ncx_weights_of_several_taps_read_in_place_to_4_mb_on_avx512():
     assert vendor_plan(ncx((3, 3), 128, 128), "GenuineIntel") == {}  # 576 KB
     for packed in (ncx((3, 3), 512, 512), ncx((1, 1), 1024, 512), ncx((3, 3), 256, 320)):
         assert weight_tiles(packed)["packed"], packed.name  # 9.4 MB, one tap, more outputs
-        assert vendor_plan(packed, "GenuineIntel") == {}, packed.name
+        narrow = {"vec_block": 2} if packed.kernel == (1, 1) else {}  # wide 1x1 sums
+        assert vendor_plan(packed, "GenuineIntel") == narrow, packed.name
+
+
+def test_ncx_wide_pointwise_weights_take_narrow_blocks_on_intel_only():
+    """1x1 stride-1 NCX weight gradients whose sums pass SUMS_IN_L2_BYTES keep the rule's
+    vector block (4 on avx512) on AMD's cores, 2 in Intel's vendor plan; smaller sums,
+    3x3 layers and avx2 (2 already) have no vendor rule there; 2 stays a candidate."""
+    from convgrad.codegen.plan import candidates, vendor_plan
+
+    def ncx(kernel, cin, cout, isa="avx512"):
+        return _config("bwd_weights", kernel, cin, cout, data_format="NCX", isa=isa)
+
+    for wide in (ncx((1, 1), 256, 1024), ncx((1, 1), 512, 2048)):  # 1 MB and 4 MB of sums
+        assert weight_tiles(wide)["vec_block"] == 4
+        assert vendor_plan(wide, "AuthenticAMD") == {}
+        assert vendor_plan(wide, "GenuineIntel") == {"vec_block": 2}
+        assert {"vec_block": 2} in candidates(wide, "AuthenticAMD")
+    for other in (ncx((1, 1), 128, 512), ncx((3, 3), 256, 256), ncx((1, 1), 256, 1024, "avx2")):
+        assert vendor_plan(other, "GenuineIntel").get("vec_block") is None, other.name
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2"])
