@@ -48,6 +48,9 @@ PLAN_CHOICES = {
     "slide": "depthwise gradients: 1 uses sliding tiles (data) or a sliding window of src "
              "columns (weights) where stride 1 allows",
     "packed": "weight gradients: 1 copies chunks into panels, 0 reads in place",
+    "prefetch_panels": "packed NCX weight gradients: 1 packs diff_dst a vector block at a "
+                       "time while the tiles fetch the rows of the next block and of the "
+                       "next chunk's src, 0 packs a chunk's panels at once",
     "ncx_dot": "NCX f32 weight gradients with stride 1 along w: 1 packs runs of pixels of "
                "both inputs and multiplies them (dot products), 0 broadcasts src",
     "chunk_pixels": "weight gradients: pixels per chunk (0: chunks of about 1 MB of "
@@ -925,6 +928,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "step_unroll": plan.get("step_unroll", STEP_UNROLL.get(config.isa, 1)),
             "unrolled_tiles": [] if dot else unrolled_tiles(config.isa, tiles),
             "packed": packed, "partial_pixels": partial_steps(config, plan),
+            "prefetch_panels": _prefetch_panels(config, packed, plan),
             "max_slices": max_slices, "sums_in_output": sums_in_output,
             "slice_min_pixels": SLICE_MIN_PIXELS,
             "chunk_pixels": chunk_pixels, "slot_steps": _slot_steps(config),
@@ -1006,6 +1010,24 @@ def _flattened_rows(config: KernelConfig, block: int, most_rows: int) -> tuple[i
     channels = config.cin_per_group
     budget = min(ACCUMULATORS[config.isa] // block, most_rows)
     return channels * (budget // channels), channels * config.kernel[-1]
+
+
+def _prefetch_panels(config: KernelConfig, packed: bool, plan: Mapping[str, int]) -> bool:
+    """Whether a packed NCX weight gradient packs diff_dst a vector block at a time while
+    its tiles fetch the user's rows of the next block and of the next chunk's src
+    (ncx_prefetch.h.j2): where strides skip no src row (the rows from a chunk's first to
+    its last are fetched whole).
+
+    Zen 4, ResNet-50 NCX batch 8, in-run pair ratios without / with (pair_plans.py), 1 / 2
+    threads: avx2 res4b_branch2a (1024->256, run swapped) 0.91-0.94, res4a_branch2c
+    0.83-1.10 (noisy), res5a_branch2c 1.02-1.04, res5b_branch2a 0.98-1.05; avx512
+    res4a_branch2c 0.92-0.95 / 0.90-0.93, res4b_branch2a 0.90-0.95 / 0.90-0.96,
+    res5a_branch2c 0.94-0.97 / 0.96-1.03, res5b_branch2a 0.98-1.01 / 1.03-1.05. Stride-2
+    1x1 layers (every other src row fetched for nothing) lost: avx2 res5a_branch2a
+    1.12-1.23, res4a_branch1 1.03-1.08."""
+    return (packed and config.data_format == "NCX" and bool(plan.get("prefetch_panels", 1))
+            and all(s <= e for s, e in zip(config.strides, _kernel_extents(config),
+                                           strict=True)))
 
 
 def _prefetch_next_chunk(config: KernelConfig, chunk_pixels: int, copied: bool) -> bool:
@@ -1724,6 +1746,8 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
         found: list[dict[str, int]] = flip + ([{"ncx_dot": 1}] if dot_eligible(config) else [])
         if not tiles["flatten_w"] and not uses_bf16_dot(config):
             found.append({"packed": int(not tiles["packed"])})
+        if tiles["prefetch_panels"]:
+            found.append({"prefetch_panels": 0})
         if tiles["image_block_bytes"]:
             found.append({"image_block_kb": 0})
         found += [{"vec_block": b} for b in range(MAX_VECTOR_BLOCK[isa], 1, -1)

@@ -1526,9 +1526,10 @@ PACKED_WEIGHT_GEOMETRY = {
 def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtype,
                                             monkeypatch):
     """Weight gradients that pack each chunk into panels (both layouts, widened f16/bf16;
-    NCX diff_dst transposed in registers over runs of rows), forced on every ISA path, on 1
-    and 2 threads: channel tails, groups, strides, dilations, pads, several chunks; exact
-    on both thread counts."""
+    NCX diff_dst transposed in registers over runs of rows, a vector block at a time with
+    rows fetched ahead where strides skip no src row, and all at once), forced on every
+    ISA path, on 1 and 2 threads: channel tails, groups, strides, dilations, pads, several
+    chunks; exact on both thread counts."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import weight_tiles
 
@@ -1537,10 +1538,17 @@ def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtyp
                      dtype=dtype, seed=3)
     config = resolve(op, [x.shape for x in case.inputs[:2]], case.attrs, None,
                      dtype).config.with_isa(isa)
-    if not weight_tiles(config, {"packed": 1})["packed"]:  # bf16 pairs have their own copy
+    tiles = weight_tiles(config, {"packed": 1})
+    if not tiles["packed"]:  # bf16 pairs have their own copy
         assert dtype == "bf16" and isa == "avx512bf16"
-    for threads in (1, 2):
-        run_with_plan(case, {"packed": 1}, isa, threads)
+    skips_rows = any(s > (k - 1) * d + 1 for s, k, d in zip(
+        config.strides, config.kernel, config.dilations, strict=True))
+    prefetch = tiles["packed"] and data_format == "NCX" and not skips_rows
+    assert tiles["prefetch_panels"] == prefetch
+    plans = [{"packed": 1}] + ([{"packed": 1, "prefetch_panels": 0}] if prefetch else [])
+    for plan in plans:
+        for threads in (1, 2):
+            run_with_plan(case, plan, isa, threads)
 
 
 @pytest.mark.parametrize("isa", ISAS)
