@@ -438,6 +438,39 @@ def test_weight_gradients_fetch_their_next_chunk_by_rule():
             assert ("prefetcht1" in code) == fetches, each.name
 
 
+@pytest.mark.parametrize("isa", ["avx512", "avx2"])
+def test_packed_ncx_weights_fetch_rows_ahead_by_rule(isa):
+    """Packed NCX weight gradients whose strides skip no src row pack diff_dst a vector
+    block at a time and fetch the rows ahead (prefetch_panels), with the other way a
+    candidate; not strided 1x1 layers, packed NXC ones, nor those read in place. The
+    prefetches survive the compiler."""
+    def config(kernel, cin, cout, strides=None, data_format="NCX", dtype="f32"):
+        rank = len(kernel)
+        return KernelConfig("bwd_weights", kernel, strides or (1,) * rank, (1,) * rank, 1,
+                            cin, cout, data_format, "OIX", dtype).with_isa(isa)
+
+    fetching = [config((1, 1), 512, 2048), config((1, 1), 512, 2048, dtype="f16"),
+                config((3, 3), 512, 512, (2, 2))]
+    not_fetching = [config((1, 1), 512, 2048, (2, 2)), config((1, 1), 512, 2048, data_format="NXC"),
+                    config((1, 1), 256, 64)]
+    for each in fetching:
+        assert weight_tiles(each)["packed"] and weight_tiles(each)["prefetch_panels"], each.name
+        assert {"prefetch_panels": 0} in candidates(each), each.name
+        assert "prefetch_dd_block(dd, z" in render(each), each.name
+        assert not weight_tiles(each, {"prefetch_panels": 0})["prefetch_panels"]
+    for each in not_fetching:
+        assert not weight_tiles(each)["prefetch_panels"], each.name
+        assert all("prefetch_panels" not in plan for plan in candidates(each)), each.name
+        assert "prefetch_dd_block(" not in render(each), each.name
+    objdump = shutil.which("objdump")
+    if objdump and isa in ISAS:  # more prefetches than the tiles' own of their sums
+        def prefetches(plan):
+            path = kernels.get_kernel(fetching[0], plan).path
+            return subprocess.run([objdump, "-d", str(path)], capture_output=True, text=True,
+                                  check=True).stdout.count("prefetcht0")
+        assert prefetches({}) > prefetches({"prefetch_panels": 0})
+
+
 def test_weight_chunks_by_pixels_and_by_bytes_are_candidates():
     """Where the weight sums exceed L2, the tuner times the other kind of chunks than the
     rules': by bytes where packed overlapping rows take pixels, else by pixels."""
