@@ -1019,12 +1019,14 @@ def _prefetch_panels(config: KernelConfig, packed: bool, plan: Mapping[str, int]
     its last are fetched whole).
 
     Zen 4, ResNet-50 NCX batch 8, in-run pair ratios without / with (pair_plans.py), 1 / 2
-    threads: avx2 res4b_branch2a (1024->256, run swapped) 0.91-0.94, res4a_branch2c
-    0.83-1.10 (noisy), res5a_branch2c 1.02-1.04, res5b_branch2a 0.98-1.05; avx512
+    threads: avx2 res4b_branch2a (1024->256, run swapped) 0.89-0.91 / 0.89-0.92,
+    res4a_branch2c 0.83-1.10 (noisy), res5a_branch2c 0.99-0.995 / 0.97-0.99 (1.02-1.06
+    before tiles with empty shares returned at once), res5b_branch2a 0.98-1.05; avx512
     res4a_branch2c 0.92-0.95 / 0.90-0.93, res4b_branch2a 0.90-0.95 / 0.90-0.96,
     res5a_branch2c 0.94-0.97 / 0.96-1.03, res5b_branch2a 0.98-1.01 / 1.03-1.05. Stride-2
-    1x1 layers (every other src row fetched for nothing) lost: avx2 res5a_branch2a
-    1.12-1.23, res4a_branch1 1.03-1.08."""
+    1x1 layers lost, with the span of rows fetched (every other row for nothing): avx2
+    res5a_branch2a 1.12-1.23, res4a_branch1 1.03-1.08; with only the rows read,
+    res5a_branch2a still 1.03-1.06 on both paths."""
     return (packed and config.data_format == "NCX" and bool(plan.get("prefetch_panels", 1))
             and all(s <= e for s, e in zip(config.strides, _kernel_extents(config),
                                            strict=True)))
