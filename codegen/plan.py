@@ -1028,8 +1028,13 @@ def _prefetch_panels(config: KernelConfig, packed: bool, plan: Mapping[str, int]
     res5a_branch2a 1.12-1.23, res4a_branch1 1.03-1.08; with only the rows read,
     res5a_branch2a still 1.03-1.06 on both paths."""
     return (packed and config.data_format == "NCX" and bool(plan.get("prefetch_panels", 1))
-            and all(s <= e for s, e in zip(config.strides, _kernel_extents(config),
-                                           strict=True)))
+            and _strides_skip_nothing(config))
+
+
+def _strides_skip_nothing(config: KernelConfig) -> bool:
+    """Whether no stride exceeds the dilated kernel's extent along its axis: every src row
+    and column from the first to the last a chunk's output rows read is read."""
+    return all(s <= e for s, e in zip(config.strides, _kernel_extents(config), strict=True))
 
 
 def _prefetch_next_chunk(config: KernelConfig, chunk_pixels: int, copied: bool) -> bool:
@@ -1044,9 +1049,7 @@ def _prefetch_next_chunk(config: KernelConfig, chunk_pixels: int, copied: bool) 
     others 1.00-1.06; on 2 threads 1.00-1.08. Strided 1x1 layers (rows skipped, the whole
     span fetched) lost 0.85-0.92, f16 (packed, converting) 0.95-0.98."""
     return (config.data_format == "NXC" and config.dtype == "f32" and chunk_pixels > 0
-            and not copied
-            and all(s <= e for s, e in zip(config.strides, _kernel_extents(config),
-                                           strict=True)))
+            and not copied and _strides_skip_nothing(config))
 
 
 # NCX f32 weight gradients with stride 1 along w can multiply runs of consecutive pixels
