@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import pickle
 
 import pytest
 
@@ -223,7 +224,8 @@ def test_unbatched_input_and_output_size():
 
 def test_convert_swaps_in_place_and_reports_what_it_left_alone():
     class MyConv(nn.Conv2d):
-        pass
+        def forward(self, input):
+            return super().forward(input)
 
     torch.manual_seed(2)
     model = nn.Sequential(
@@ -246,6 +248,7 @@ def test_convert_swaps_in_place_and_reports_what_it_left_alone():
     assert set(reasons) == {"2", "3", "4", "5"}
     assert "torch.float64" in reasons["2"]
     assert "subclass" in reasons["3"] and "MyConv" in reasons["3"]
+    assert "overrides forward" in reasons["3"]
     assert "lazy" in reasons["4"]
     assert "parametrized" in reasons["5"]
     assert "left alone 3 (MyConv)" in str(report)
@@ -259,6 +262,116 @@ def test_convert_swaps_in_place_and_reports_what_it_left_alone():
     assert not torch.equal(weight.detach(), before)
     with pytest.raises(TypeError, match="expected a torch.nn.Module"):
         cgt.convert("model")
+
+
+class Conv3DSimple(nn.Conv3d):
+    """torchvision's R3D-18 convolution: only __init__ and a staticmethod."""
+
+    def __init__(self, in_planes, out_planes, midplanes=None, stride=1, padding=1):
+        super().__init__(in_channels=in_planes, out_channels=out_planes,
+                         kernel_size=(3, 3, 3), stride=stride, padding=padding, bias=False)
+
+    @staticmethod
+    def get_downsample_stride(stride):
+        return stride, stride, stride
+
+
+class Upsample(nn.ConvTranspose1d):
+    """A subclass adding a class attribute and a method, neither forward nor
+    _output_padding."""
+
+    factor = 2
+
+    def describe(self):
+        return f"x{self.factor}"
+
+
+class ForwardOverride(nn.Conv2d):
+    def forward(self, input):
+        return super().forward(input) * 2
+
+
+class ConvForwardOverride(nn.Conv2d):
+    def _conv_forward(self, input, weight, bias):
+        return super()._conv_forward(input, weight, bias)
+
+
+class OutputPaddingOverride(nn.ConvTranspose2d):
+    def _output_padding(self, *args, **kwargs):
+        return super()._output_padding(*args, **kwargs)
+
+
+def test_convert_converts_subclasses_that_keep_torch_nn_computation(monkeypatch):
+    """A subclass overriding neither forward nor _conv_forward (ConvTranspose: nor
+    _output_padding) gets a class of its name derived from it and convgrad's: an
+    instance of the subclass with its own methods, the same results as torch.nn's
+    (f32 integers: exact), and it copies, pickles and converts again as "already"."""
+    generator = torch.Generator().manual_seed(5)
+    model = nn.Sequential(Conv3DSimple(2, 3, stride=2), nn.Sequential(Upsample(3, 2, 3)))
+    fill(model, generator, integers=True)
+    reference = copy.deepcopy(model)
+    text = repr(model)
+    report = cgt.convert(model)
+    assert report.converted == ["0", "1.0"] and not report.skipped and not report.already
+    conv, up = model[0], model[1][0]
+    for module, user_class, ours in ((conv, Conv3DSimple, cgt.Conv3d),
+                                     (up, Upsample, cgt.ConvTranspose1d)):
+        assert type(module) is not user_class
+        assert isinstance(module, user_class) and isinstance(module, ours)
+        assert type(module).__name__ == user_class.__name__
+    assert type(conv)._conv_forward is cgt.Conv3d._conv_forward
+    assert type(up).forward is cgt.ConvTranspose1d.forward
+    assert conv.get_downsample_stride(2) == (2, 2, 2) and up.describe() == "x2"
+    assert repr(model) == text and list(model.state_dict()) == list(reference.state_dict())
+    # One class per user class: another module of it gets the same.
+    other = Conv3DSimple(3, 3)
+    cgt.convert(other)
+    assert type(other) is type(conv)
+
+    kinds = []
+    run_op = convgrad.execute
+    monkeypatch.setattr(convgrad, "execute",
+                        lambda kind, *a, **k: kinds.append(kind) or run_op(kind, *a, **k))
+    x = sample((2, 2, 5, 4, 3), generator, integers=True)
+    with torch.no_grad():
+        grad = sample(reference[0](x).shape, generator, integers=True)
+    for got, want in zip(run(conv, x, grad, False), run(reference[0], x, grad, False),
+                         strict=True):
+        assert torch.equal(got, want)
+    x = sample((2, 3, 6), generator, integers=True)
+    with torch.no_grad():
+        grad = sample(reference[1][0](x).shape, generator, integers=True)
+    for got, want in zip(run(up, x, grad, False), run(reference[1][0], x, grad, False),
+                         strict=True):
+        assert torch.equal(got, want)
+    assert len(kinds) == 6  # each module's forward, data and weight gradients
+
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(copied[0]) is type(conv) and type(copied[1][0]) is type(up)
+        assert copied[0].weight is not conv.weight
+        assert torch.equal(copied[0].weight, conv.weight)
+    restored = copy.deepcopy(reference)
+    restored.load_state_dict(model.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(restored.state_dict().values(),
+                                                 model.state_dict().values(), strict=True))
+
+    again = cgt.convert(model)
+    assert again.already == ["0", "1.0"] and not again.converted and not again.skipped
+
+
+def test_convert_leaves_alone_subclasses_that_override_the_computation():
+    model = nn.Sequential(ForwardOverride(2, 2, 1), ConvForwardOverride(2, 2, 1),
+                          OutputPaddingOverride(2, 2, 1), Conv3DSimple(2, 2).double())
+    report = cgt.convert(model)
+    assert not report.converted
+    reasons = {name: why for name, _, why in report.skipped}
+    assert "ForwardOverride" in reasons["0"] and "overrides forward" in reasons["0"]
+    assert "overrides _conv_forward" in reasons["1"]
+    assert "overrides _output_padding" in reasons["2"]
+    assert "torch.float64" in reasons["3"]  # _why_not's checks apply to subclasses too
+    assert "left alone 1 (ConvForwardOverride)" in str(report)
+    assert [type(m) for m in model] == [ForwardOverride, ConvForwardOverride,
+                                        OutputPaddingOverride, Conv3DSimple]
 
 
 def test_converted_module_on_another_device_or_dtype_fails_clearly():
