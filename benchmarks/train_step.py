@@ -1,29 +1,42 @@
-"""A full training step (forward + backward) of a ResNet-style model: torch.nn against the
-same model converted to convgrad (`convgrad.torch.convert`), in one process.
+"""A full training step (forward + backward) of image and video models: torch.nn against
+the same model converted to convgrad (`convgrad.torch.convert`), in one process.
 
-    python benchmarks/train_step.py [--dtype f32,bf16] [--threads 1,2] [--batch 8]
-                                    [--size 112] [--width 64] [--blocks 2,2,2,2]
+    python benchmarks/train_step.py [--model resnet18[,resnet50,...]] [--dtype f32,bf16]
+                                    [--threads 1,2] [--batch N] [--size N] [--frames N]
+                                    [--width 64] [--blocks 2,2,2,2]
                                     [--memory-format channels_last|contiguous]
                                     [--min-time 3] [--warmup 2] [--out DIR]
 
-The model is ResNet-18's layout (a 7x7 stride-2 stem, max pooling, stages of basic
-blocks with 3x3 convolutions, BatchNorm and ReLU, 1x1 stride-2 projections, global
-pooling, a linear classifier), scaled by --width, --blocks and --size. A step is
-`model(x)`, cross-entropy, `loss.backward()` with gradients reset to None; the
-optimizer update is left out (it is the same torch code for both). In the converted
+The models (benchmarks/models.py, written after torchvision's architectures):
+resnet18 (the default), resnet50, resnext50 (32x4d), mobilenet_v2, efficientnet_b0
+(without stochastic depth and dropout) and r3d_18 (3-D convolutions, video input).
+--width (channels of the first stage, default 64) and --blocks (basic blocks per stage,
+default 2,2,2,2) scale resnet18 only: they are an error without resnet18 in --model.
+
+Inputs: images are --batch x 3 x --size x --size, by default 8 x 3 x 112 x 112; videos
+(r3d_18) --batch x 3 x --frames x --size x --size, by default 2 x 3 x 8 x 56 x 56 (a
+video step at the images' defaults would be some 40 times theirs). A --batch or --size
+given applies to every model of the run. channels_last means torch.channels_last_3d
+for video (5-D) inputs and parameters.
+
+A step is `model(x)`, cross-entropy, `loss.backward()` with gradients reset to None;
+the optimizer update is left out (it is the same torch code for both). In the converted
 model every convolution's forward pass, data gradient and weight gradient runs
-convgrad's kernels; everything else (BatchNorm, ReLU, pooling, the linear layer) is
-PyTorch's in both. The first layer's data gradient is not computed by either (its
+convgrad's kernels; everything else (BatchNorm, activations, pooling, the linear layer)
+is PyTorch's in both. The first layer's data gradient is not computed by either (its
 input needs no gradient).
 
-For each dtype and thread count (torch.set_num_threads, which convgrad follows), both
-models start from the same weights and see the same batch; a warm-up step compiles
-convgrad's kernels (timed apart as "first step"); then the two take turns in blocks of
-steps until each ran --min-time seconds and at least 3 timed steps, and the table
-gives the medians, their ratio (torch.nn ms / convgrad ms: above 1 means convgrad's
-step is faster) and, as a check, the largest relative difference of the loss and
-of the convolution weights' gradients between the two. Results also go to
-results.csv and results.json in --out.
+For each model, dtype and thread count (torch.set_num_threads, which convgrad follows),
+both models start from the same weights and see the same batch; a warm-up step compiles
+convgrad's kernels (timed apart as "first step"); one more step of each runs under
+torch.profiler, which counts its `aten::copy_` calls ("copies torch/ours": layout
+conversions and other copies; the profiler may log a few lines to stderr for each
+profiled step); then the two take turns in
+blocks of steps until each ran --min-time seconds and at least 3 timed steps, and the
+table gives the medians, their ratio (torch.nn ms / convgrad ms: above 1 means
+convgrad's step is faster) and, as a check, the largest relative difference of the loss
+and of the convolution weights' gradients (Conv1d/2d/3d and their transposes) between
+the two. Results also go to results.csv and results.json in --out.
 """
 
 from __future__ import annotations
@@ -35,7 +48,7 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,68 +61,24 @@ from convgrad.cpu import selected_isa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import timed_pair  # noqa: E402  (the sibling benchmark's turn-taking timer)
+from models import MODELS, ResNet, classes, input_shape  # noqa: E402,F401  (ResNet: kept here)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "train_step"
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
-class BasicBlock(nn.Module):
-    """Two 3x3 convolutions with BatchNorm; a 1x1 projection where the shape changes."""
-
-    def __init__(self, channels_in: int, channels: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(channels_in, channels, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(channels)
-        self.conv2 = nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(channels)
-        self.relu = nn.ReLU(inplace=True)
-        self.downsample = None
-        if stride != 1 or channels_in != channels:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(channels_in, channels, 1, stride, bias=False),
-                nn.BatchNorm2d(channels))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
-
-
-class ResNet(nn.Module):
-    """ResNet-18's layout; `blocks` per stage, stage widths width * (1, 2, 4, 8)."""
-
-    def __init__(self, width: int = 64, blocks: Sequence[int] = (2, 2, 2, 2),
-                 classes: int = 1000):
-        super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 7, 2, 3, bias=False),
-                                  nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-                                  nn.MaxPool2d(3, 2, 1))
-        stages, channels = [], width
-        for index, count in enumerate(blocks):
-            out = width * 2**index
-            for block in range(count):
-                stride = 2 if index > 0 and block == 0 else 1
-                stages.append(BasicBlock(channels, out, stride))
-                channels = out
-        self.stages = nn.Sequential(*stages)
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                                  nn.Linear(channels, classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.stages(self.stem(x)))
-
-
 @dataclass
 class Row:
-    """One (dtype, threads) measurement; the CSV columns."""
+    """One (model, dtype, threads) measurement; the CSV columns."""
 
+    model: str
     dtype: str
     threads: int
     batch: int
     size: int
-    memory_format: str
+    frames: int | None  # videos only
+    memory_format: str  # channels_last_3d for videos where channels_last was asked
     torch_ms: float
     torch_steps: int
     convgrad_ms: float
@@ -118,6 +87,8 @@ class Row:
     convgrad_first_step_ms: float  # compiles (or loads) the kernels
     loss_rel_diff: float
     grad_rel_diff: float  # largest over the convolution weights
+    torch_copies: int  # aten::copy_ calls in one step (after warm-up)
+    convgrad_copies: int
 
 
 def make_step(model: nn.Module, x: torch.Tensor, labels: torch.Tensor
@@ -131,24 +102,48 @@ def make_step(model: nn.Module, x: torch.Tensor, labels: torch.Tensor
     return step
 
 
+CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d,
+                nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def count_copies(step: Callable[[], object]) -> int:
+    """`aten::copy_` calls in one call of `step` (its forward and backward passes)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(event.name == "aten::copy_" for event in prof.events())
+
+
+def build(name: str, args: argparse.Namespace) -> nn.Module:
+    """Model `name`; --width and --blocks shape resnet18."""
+    options = {}
+    if name == "resnet18":
+        options = {k: v for k, v in (("width", args.width), ("blocks", args.blocks))
+                   if v is not None}
+    return MODELS[name](classes=classes(name), **options)
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def measure(dtype_name: str, threads: int, args: argparse.Namespace) -> Row:
+def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) -> Row:
     torch.set_num_threads(threads)
     dtype = DTYPES[dtype_name]
-    fmt = (torch.channels_last if args.memory_format == "channels_last"
-           else torch.contiguous_format)
+    shape = input_shape(name, args.batch, args.size, args.frames)
+    fmt, fmt_name = torch.contiguous_format, args.memory_format
+    if args.memory_format == "channels_last":
+        fmt, fmt_name = ((torch.channels_last_3d, "channels_last_3d") if len(shape) == 5
+                         else (torch.channels_last, "channels_last"))
     torch.manual_seed(0)
-    reference = ResNet(args.width, args.blocks).to(dtype=dtype, memory_format=fmt)
+    # the format of the input's rank: all convolution weights have that rank too
+    reference = build(name, args).to(dtype=dtype, memory_format=fmt)
     converted = copy.deepcopy(reference)
     report = cgt.convert(converted)
     if report.skipped:
         raise SystemExit(f"convert left modules alone:\n{report}")
-    x = torch.randn(args.batch, 3, args.size, args.size).to(dtype=dtype, memory_format=fmt)
-    labels = torch.randint(0, 1000, (args.batch,))
+    x = torch.randn(shape).to(dtype=dtype, memory_format=fmt)
+    labels = torch.randint(0, classes(name), (shape[0],))
     step_torch = make_step(reference, x, labels)
     step_ours = make_step(converted, x, labels)
 
@@ -160,27 +155,32 @@ def measure(dtype_name: str, threads: int, args: argparse.Namespace) -> Row:
     # its running ones identically in both, so the second step compares as the first
     conv_pairs = [(a.weight.grad, b.weight.grad) for a, b in
                   zip(reference.modules(), converted.modules(), strict=True)
-                  if isinstance(a, nn.Conv2d)]
+                  if isinstance(a, CONVOLUTIONS)]
     grad_diff = max(_rel(ours, theirs) for theirs, ours in conv_pairs)
     loss_diff = _rel(loss_ours, loss_torch)
     for _ in range(args.warmup - 1):
         step_ours()
         step_torch()
+    copies_torch, copies_ours = count_copies(step_torch), count_copies(step_ours)
     (t_torch, n_torch), (t_ours, n_ours) = timed_pair([step_torch, step_ours], args.min_time,
                                                     block_time=0.5)
-    return Row(dtype_name, threads, args.batch, args.size, args.memory_format,
+    return Row(name, dtype_name, threads, shape[0], shape[-1],
+               shape[2] if len(shape) == 5 else None, fmt_name,
                round(t_torch * 1e3, 3), n_torch, round(t_ours * 1e3, 3), n_ours,
-               round(t_torch / t_ours, 3), round(first * 1e3, 1), loss_diff, grad_diff)
+               round(t_torch / t_ours, 3), round(first * 1e3, 1), loss_diff, grad_diff,
+               copies_torch, copies_ours)
 
 
 def table(rows: list[Row]) -> str:
-    header = (f"{'dtype':<6}{'threads':>8}{'torch.nn ms':>13}{'convgrad ms':>13}"
-              f"{'ratio':>8}{'first step ms':>15}{'loss diff':>11}{'grad diff':>11}")
+    header = (f"{'model':<16}{'dtype':<6}{'threads':>8}{'torch.nn ms':>13}{'convgrad ms':>13}"
+              f"{'ratio':>8}{'first step ms':>15}{'loss diff':>11}{'grad diff':>11}"
+              f"{'copies torch/ours':>19}")
     lines = [header, "-" * len(header)]
     for r in rows:
-        lines.append(f"{r.dtype:<6}{r.threads:>8}{r.torch_ms:>13.1f}{r.convgrad_ms:>13.1f}"
-                     f"{r.ratio:>8.2f}{r.convgrad_first_step_ms:>15.0f}"
-                     f"{r.loss_rel_diff:>11.1e}{r.grad_rel_diff:>11.1e}")
+        copies = f"{r.torch_copies}/{r.convgrad_copies}"
+        lines.append(f"{r.model:<16}{r.dtype:<6}{r.threads:>8}{r.torch_ms:>13.1f}"
+                     f"{r.convgrad_ms:>13.1f}{r.ratio:>8.2f}{r.convgrad_first_step_ms:>15.0f}"
+                     f"{r.loss_rel_diff:>11.1e}{r.grad_rel_diff:>11.1e}{copies:>19}")
     return "\n".join(lines)
 
 
@@ -197,18 +197,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python benchmarks/train_step.py",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=_list(str), default=["resnet18"],
+                        help=f"comma-separated: {', '.join(MODELS)} (default resnet18)")
     parser.add_argument("--dtype", type=_list(str), default=["f32", "bf16"],
                         help="comma-separated: f32, bf16 (default f32,bf16)")
     parser.add_argument("--threads", type=_list(int), default=[1, 2],
                         help="comma-separated thread counts (default 1,2)")
-    parser.add_argument("--batch", type=int, default=8, help="default 8")
-    parser.add_argument("--size", type=int, default=112, help="image side (default 112)")
-    parser.add_argument("--width", type=int, default=64,
-                        help="channels of the first stage (default 64)")
-    parser.add_argument("--blocks", type=_list(int), default=[2, 2, 2, 2],
-                        help="basic blocks per stage (default 2,2,2,2: ResNet-18)")
+    parser.add_argument("--batch", type=int,
+                        help="batch of every model (default 8 for images, 2 for videos)")
+    parser.add_argument("--size", type=int,
+                        help="image or frame side of every model (default 112 for images, "
+                             "56 for videos)")
+    parser.add_argument("--frames", type=int, help="frames of videos (default 8)")
+    parser.add_argument("--width", type=int,
+                        help="resnet18 only: channels of the first stage (default 64)")
+    parser.add_argument("--blocks", type=_list(int),
+                        help="resnet18 only: basic blocks per stage (default 2,2,2,2)")
     parser.add_argument("--memory-format", default="channels_last",
-                        choices=["channels_last", "contiguous"])
+                        choices=["channels_last", "contiguous"],
+                        help="default channels_last (channels_last_3d for videos)")
     parser.add_argument("--min-time", type=float, default=3.0,
                         help="seconds of timed steps per model and setting (default 3)")
     parser.add_argument("--warmup", type=int, default=2,
@@ -218,9 +225,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if any(d not in DTYPES for d in args.dtype):
         parser.error(f"--dtype {args.dtype}: expected a subset of {list(DTYPES)}")
-    if min(args.threads) < 1 or min(args.blocks) < 1 or args.batch < 1 or args.size < 8 \
-            or args.width < 1 or args.warmup < 1 or args.min_time < 0:
-        parser.error("sizes, counts and --warmup must be positive, --min-time not negative")
+    if any(m not in MODELS for m in args.model):
+        parser.error(f"--model {args.model}: expected a subset of {list(MODELS)}")
+    if (args.width is not None or args.blocks is not None) and "resnet18" not in args.model:
+        parser.error("--width and --blocks shape resnet18 only, which --model leaves out")
+    given = [v for v in (args.batch, args.frames, args.width) if v is not None]
+    if min(args.threads) < 1 or min(args.blocks or [1]) < 1 or min(given, default=1) < 1 \
+            or (args.size is not None and args.size < 8) or args.warmup < 1 \
+            or args.min_time < 0:
+        parser.error("sizes, counts and --warmup must be positive (--size at least 8), "
+                     "--min-time not negative")
     return args
 
 
@@ -228,15 +242,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python benchmarks/train_step.py " + " ".join(sys.argv[1:] if argv is None
                                                             else argv)
-    print(f"ResNet-style training step (forward + backward), width {args.width}, blocks "
-          f"{','.join(map(str, args.blocks))}, batch {args.batch}, {args.size}x{args.size}, "
-          f"{args.memory_format}; convgrad ISA path {selected_isa()}, torch {torch.__version__}")
+    print(f"Training step (forward + backward), {args.memory_format}; convgrad ISA path "
+          f"{selected_isa()}, torch {torch.__version__}")
     rows = []
-    for dtype in args.dtype:
-        for threads in args.threads:
-            rows.append(measure(dtype, threads, args))
-            print(f"  {dtype} {threads} thread(s): torch.nn {rows[-1].torch_ms:.1f} ms, "
-                  f"convgrad {rows[-1].convgrad_ms:.1f} ms", flush=True)
+    for name in args.model:
+        shape = "x".join(map(str, input_shape(name, args.batch, args.size, args.frames)))
+        shaped = ""
+        if name == "resnet18" and (args.width is not None or args.blocks is not None):
+            shaped = (f", width {args.width or 64}, blocks "
+                      f"{','.join(map(str, args.blocks or [2, 2, 2, 2]))}")
+        print(f"{name}{shaped}, input {shape}", flush=True)
+        for dtype in args.dtype:
+            for threads in args.threads:
+                rows.append(measure(name, dtype, threads, args))
+                print(f"  {dtype} {threads} thread(s): torch.nn {rows[-1].torch_ms:.1f} ms, "
+                      f"convgrad {rows[-1].convgrad_ms:.1f} ms", flush=True)
     print()
     print(table(rows))
     print("ratio = torch.nn ms / convgrad ms (above 1: convgrad's step is faster); diffs are "

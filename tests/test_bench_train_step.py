@@ -1,4 +1,5 @@
-"""The training-step benchmark runs end to end on a tiny model and writes its outputs."""
+"""The training-step benchmark runs end to end on a tiny model and writes its outputs;
+its models (benchmarks/models.py) have torchvision's layouts and train in torch.nn."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import models  # noqa: E402
 import train_step  # noqa: E402
 
 
@@ -30,14 +32,20 @@ def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
     assert "torch.nn ms" in printed and "convgrad ms" in printed
     with (tmp_path / "results.csv").open() as f:
         (row,) = list(csv.DictReader(f))
-    assert row["dtype"] == "f32" and row["memory_format"] == "channels_last"
+    assert row["model"] == "resnet18" and row["dtype"] == "f32"
+    assert row["memory_format"] == "channels_last" and row["frames"] == ""
     assert float(row["torch_ms"]) > 0 and float(row["convgrad_ms"]) > 0
     assert int(row["convgrad_steps"]) >= 3
     # the same step of the same model: the loss and the weight gradients agree
     assert float(row["loss_rel_diff"]) < 1e-5 and float(row["grad_rel_diff"]) < 1e-4
+    # one profiled step of each model: copies counted (the reference's include its
+    # gradient accumulation and BatchNorm bookkeeping, so never none)
+    assert int(row["torch_copies"]) > 0 and int(row["convgrad_copies"]) >= 0
+    assert "copies torch/ours" in printed
+    assert f"{row['torch_copies']}/{row['convgrad_copies']}" in printed
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["command"].startswith("python benchmarks/train_step.py")
-    assert results["rows"][0]["threads"] == 1
+    assert results["rows"][0]["threads"] == 1 and results["rows"][0]["model"] == "resnet18"
 
 
 def test_converted_resnet_has_only_convgrad_convolutions():
@@ -47,3 +55,55 @@ def test_converted_resnet_has_only_convgrad_convolutions():
     convolutions = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     assert len(convolutions) == len(report.converted) == 1 + 2 + 3  # stem, 2 blocks, proj.
     assert all(type(m) is train_step.cgt.Conv2d for m in convolutions)
+
+
+# convolutions (nn.Conv*) and parameters: torchvision's parameter counts of the same models
+EXPECTED = {"resnet18": (20, 11_689_512), "resnet50": (53, 25_557_032),
+            "resnext50": (53, 25_028_904), "mobilenet_v2": (52, 3_504_872),
+            "efficientnet_b0": (81, 5_288_548), "r3d_18": (20, 33_371_472)}
+# tiny inputs; batch 2, since BatchNorm in training needs two values per channel and
+# the last stages pool down to 1x1
+TINY = {"r3d_18": (2, 3, 4, 16, 16)}
+
+
+def test_every_model_is_listed_with_its_expected_layout():
+    assert set(models.MODELS) == set(EXPECTED)
+    for name, (convolutions, parameters) in EXPECTED.items():
+        model = models.MODELS[name]()
+        assert sum(isinstance(m, train_step.CONVOLUTIONS) for m in model.modules()) \
+            == convolutions, name
+        assert sum(p.numel() for p in model.parameters()) == parameters, name
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_model_trains_one_step_in_torch(name):
+    torch.manual_seed(0)
+    model = models.MODELS[name](classes=models.classes(name))
+    shape = TINY.get(name, (2, 3, 32, 32))
+    if name == "resnet50":  # the bottleneck path, kept small
+        shape = (2, 3, 16, 16)
+    out = model(torch.randn(shape))
+    assert out.shape == (2, models.classes(name))
+    torch.nn.functional.cross_entropy(out, torch.tensor([0, 1])).backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+
+
+def test_input_shapes_default_per_model_and_follow_the_options():
+    assert models.input_shape("resnet18") == (8, 3, 112, 112)
+    assert models.input_shape("efficientnet_b0", size=64) == (8, 3, 64, 64)
+    assert models.input_shape("r3d_18") == (2, 3, 8, 56, 56)
+    assert models.input_shape("r3d_18", batch=4, size=32, frames=16) == (4, 3, 16, 32, 32)
+    assert models.classes("r3d_18") == 400 and models.classes("resnet50") == 1000
+    with pytest.raises(KeyError):
+        models.input_shape("vgg16")
+
+
+def test_options_choose_models_and_resnet18_alone_takes_width_and_blocks(capsys):
+    args = train_step.parse_args(["--model", "resnet18,r3d_18", "--width", "8"])
+    assert args.model == ["resnet18", "r3d_18"] and args.batch is None
+    assert train_step.build("resnet18", args).stem[0].out_channels == 8
+    assert train_step.build("r3d_18", args).stem[0].out_channels == 64
+    for argv in (["--model", "resnet50", "--blocks", "1"], ["--model", "vgg16"]):
+        with pytest.raises(SystemExit):
+            train_step.parse_args(argv)
+    capsys.readouterr()
