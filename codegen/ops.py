@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from functools import cached_property
 
 from convgrad.codegen.config import KernelConfig
 
@@ -63,7 +64,7 @@ class OpSpec:
     def has_output_padding(self) -> bool:
         return self.family != "bwd_weights"
 
-    @property
+    @cached_property
     def attributes(self) -> tuple[str, ...]:
         names = ["strides", "pads_begin", "pads_end", "dilations", "auto_pad", "groups",
                  "data_format", self.weights_attr]

@@ -3,37 +3,18 @@
 from __future__ import annotations
 
 import inspect
-import threading
 from collections.abc import Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
 
-from convgrad import kernels, tuning
+from convgrad import kernels
+from convgrad.bound import bind
 from convgrad.codegen import OPS, Problem, resolve
-from convgrad.cpu import selected_isa
-from convgrad.kernels import get_kernel
-from convgrad.threads import check as _check_threads
-from convgrad.threads import for_call as _threads_for_call
 
 DTYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16",
           np.dtype(ml_dtypes.bfloat16): "bf16"}
 DTYPE_BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
-
-# Kernel scratch, kept per Python thread between calls: allocating and faulting in
-# fresh pages every call costs a third of the time of a small layer.
-_workspaces = threading.local()
-MAX_KEPT_WORKSPACE = 256 * 2**20
-
-
-def _workspace(nbytes: int) -> np.ndarray:
-    buffer = getattr(_workspaces, "buffer", None)
-    if buffer is None or buffer.size < nbytes:
-        buffer = np.empty(max(nbytes, 1), dtype=np.uint8)
-        if nbytes <= MAX_KEPT_WORKSPACE:
-            _workspaces.buffer = buffer
-    return buffer
-
 
 def _data_array(op: str, name: str, value) -> np.ndarray:
     if not isinstance(value, np.ndarray):
@@ -75,63 +56,16 @@ def _check_out(op: str, out, problem: Problem, dtype: np.dtype, inputs) -> np.nd
     return out
 
 
-# Resolved calls by their arguments: validation and shape inference are pure Python and
-# cost more than a small kernel. Values are frozen with their types so that, e.g.,
-# strides=2.0 (an error) never finds the entry of strides=2.
-_plans: dict = {}
-MAX_PLANS = 4096
-
-
-class _Unfrozen(Exception):
-    pass
-
-
-_TAG = object()  # starts every tagged value; no user value freezes to it
-
-
-def _freeze(value):
-    kind = type(value)
-    if kind is int or kind is str:  # the common case; bool and float are tagged below
-        return value
-    if kind is list or kind is tuple:  # resolve reads lists and tuples alike
-        return tuple(map(_freeze, value))
-    if isinstance(value, np.ndarray):
-        return (_TAG, "ndarray", value.dtype.str, value.shape,
-                *map(_freeze, value.ravel().tolist()))
-    if value is None or isinstance(value, bool | int | float | str | np.generic):
-        return (_TAG, kind.__name__, value)
-    raise _Unfrozen
-
-
-def _plan(op: str, a_shape, b_shape, attrs: Mapping, shape_input, dtype: str):
-    """The resolved problem, the kernel configuration of a call and a dict for the
-    problem's convgrad_dims by thread count, memoised."""
-    isa = selected_isa()
-    try:
-        key = (op, a_shape, b_shape, dtype, isa, _freeze(shape_input),
-               tuple([(k, _freeze(v)) for k, v in attrs.items()]))
-    except (_Unfrozen, TypeError):  # unusual values: resolve validates them
-        key = None
-    plan = _plans.get(key) if key is not None else None
-    if plan is None:
-        problem = resolve(op, (a_shape, b_shape), attrs, shape_input, dtype)
-        plan = (problem, problem.config.with_isa(isa), {})  # and its dims by thread count
-        if key is not None:
-            if len(_plans) >= MAX_PLANS:
-                _plans.clear()
-            _plans[key] = plan
-    return plan
-
-
 def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | None = None,
         num_threads: int | None = None, tune: bool | str | None = None) -> np.ndarray:
-    """Validates, infers the result shape and pads, and runs the op's kernel."""
+    """Validates, infers the result shape and pads, and runs the op's kernel. A repeat
+    call of one configuration finds its bound call (convgrad.bound) and checks only the
+    arrays themselves."""
     spec = OPS.get(op_kind) if isinstance(op_kind, str) else None
     if spec is None:
         raise ValueError(f"execute: op_kind = {op_kind!r} is invalid; expected one of "
                          f"{list(OPS)}")
     op = spec.kind
-    _check_threads(f"{op}: ", num_threads)
     limit = 3 if spec.shape_name else 2
     if not 2 <= len(inputs) <= limit:
         raise ValueError(f"{op}: {len(inputs)} inputs given; expected {spec.inputs} "
@@ -141,22 +75,16 @@ def run(op_kind: str, inputs: Sequence, attrs: Mapping, *, out: np.ndarray | Non
         raise TypeError(f"{op}: {spec.inputs[0]} is {a.dtype} but {spec.inputs[1]} is "
                         f"{b.dtype}; expected one dtype")
     shape_input = _shape_input(op, spec.shape_name, inputs[2]) if len(inputs) > 2 else None
-    problem, config, dims_by_threads = _plan(op, a.shape, b.shape, attrs, shape_input,
-                                             DTYPES[a.dtype])
+    call = bind(op, a.shape, b.shape, DTYPES[a.dtype], attrs, shape_input, num_threads, tune,
+                (a, b))
+    problem = call.problem
     if out is None:
-        out = kernels.empty_output(problem.output_shape, a.dtype)
+        out = (np.empty(problem.output_shape, a.dtype) if call.small_output
+               else kernels.empty_output(problem.output_shape, a.dtype))
     else:
         out = _check_out(op, out, problem, a.dtype, (a, b))
-    if out.size == 0:  # batch 0 of a data op
-        return out
-    threads = _threads_for_call(num_threads)
-    plan = tuning.plan_for(problem, config, threads, tuning.mode(tune), (a, b))
-    kernel = get_kernel(config, plan)
-    first, second = (b, a) if problem.swap_inputs else (a, b)
-    dims = dims_by_threads.get(threads)
-    if dims is None:  # read only by the kernels: shared by calls
-        dims = dims_by_threads[threads] = kernels.dims_of(problem, threads)
-    kernels.call(kernel, problem, dims, first, second, out, _workspace(kernel.workspace_size(dims)))
+    if out.size:  # not batch 0 of a data op
+        call.run_arrays(a, b, out)
     return out
 
 

@@ -134,12 +134,22 @@ def _aot_kernel(config: KernelConfig) -> tuple[Path, str, dict] | None:
     return _aot_index.get(config)
 
 
+_reset_hooks: list = []
+
+
+def on_reset(hook) -> None:
+    """Calls `hook()` whenever reset() runs (memos that hold loaded kernels)."""
+    _reset_hooks.append(hook)
+
+
 def reset() -> None:
     """Forgets loaded kernels and AOT manifests (tests; after changing the env)."""
     global _aot_index
     with _lock:
         _loaded.clear()
         _aot_index = None
+    for hook in _reset_hooks:
+        hook()
 
 
 @lru_cache(maxsize=4096)

@@ -43,3 +43,25 @@ def fresh_cache(tmp_path, monkeypatch):
     kernels.reset()
     yield tmp_path / "cache"
     kernels.reset()
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Every kernel call from now on, from either front end, as (op kind, [first, second]
+    input addresses in the op's order, result address, data layout)."""
+    from convgrad import bound
+    from convgrad.kernels import ffi
+
+    calls = []
+    run = bound.BoundCall.run
+
+    def address(pointer) -> int:
+        return int(ffi.cast("uintptr_t", pointer))
+
+    def spy(self, first, second, out):
+        calls.append((self.problem.op.kind, [address(first), address(second)], address(out),
+                      self.problem.config.data_format))
+        return run(self, first, second, out)
+
+    monkeypatch.setattr(bound.BoundCall, "run", spy)
+    return calls

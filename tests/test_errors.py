@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import convgrad
-from convgrad import api
+from convgrad import api, bound
 from convgrad.reference import OP_KINDS, reference_shape
 
 FUNCTIONS = {spec.kind: getattr(convgrad, spec.function) for spec in api.OPS.values()}
@@ -781,10 +781,10 @@ class _KernelReached(Exception):
 
 @contextmanager
 def no_kernels():
-    def stop(config):
+    def stop(config, plan=None):
         raise _KernelReached(config.name)
 
-    with mock.patch.object(api, "get_kernel", stop):
+    with mock.patch.object(bound, "get_kernel", stop):
         yield
 
 

@@ -1744,13 +1744,14 @@ def test_weight_sums_in_the_weights(isa, geometry, op, data_format, packed):
 
 
 def test_results_start_on_64_byte_boundaries():
-    """The arrays execute() allocates for results start on a 64-byte boundary (as
-    PyTorch's do), whatever numpy would give."""
+    """The arrays execute() allocates for results of more than 4 KB start on a 64-byte
+    boundary (as PyTorch's do), whatever numpy would give; smaller ones are numpy's own."""
     for op, spatial in (("ConvolutionBackwardWeights", (40, 50)),
                         ("ConvolutionBackwardData", (33, 17)), ("ConvolutionBackwardData", (1, 1))):
         case = make_case(op, spatial=spatial, kernel=(1, 1), in_channels=64, out_channels=32)
         result = run_case(case)
-        assert result.ctypes.data % 64 == 0 and result.flags.c_contiguous
+        assert result.flags.c_contiguous
+        assert result.nbytes <= 4096 or result.ctypes.data % 64 == 0
         assert_exact(case, result)
 
 

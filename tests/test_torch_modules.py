@@ -28,7 +28,6 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-import convgrad  # noqa: E402
 import convgrad.torch as cgt  # noqa: E402
 
 CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
@@ -193,21 +192,18 @@ def test_converted_module_matches_torch_nn(rank, geometry, label, dtype, channel
     check_module(rank, factory, dtype, channels_last)
 
 
-def test_module_runs_only_convgrad_kernels_for_its_convolutions(monkeypatch):
-    kinds = []
-    run_op = convgrad.execute
-    monkeypatch.setattr(convgrad, "execute",
-                        lambda kind, *a, **k: kinds.append(kind) or run_op(kind, *a, **k))
+def test_module_runs_only_convgrad_kernels_for_its_convolutions(kernel_calls):
     torch.manual_seed(0)
     for module, transposed in ((cgt.Conv2d(4, 6, 3, groups=2), False),
                                (cgt.ConvTranspose2d(6, 4, 3, groups=2), True)):
-        kinds.clear()
+        kernel_calls.clear()
         x = torch.randn(2, module.in_channels, 9, 8, requires_grad=True)
         module(x).sum().backward()
         forward, data = "ConvTransposeBackwardData", "ConvolutionBackwardData"
         if transposed:
             forward, data = data, forward
-        assert kinds == [forward, data, "ConvolutionBackwardWeights"]
+        assert [call[0] for call in kernel_calls] == [forward, data,
+                                                      "ConvolutionBackwardWeights"]
 
 
 def test_unbatched_input_and_output_size():
@@ -301,7 +297,7 @@ class OutputPaddingOverride(nn.ConvTranspose2d):
         return super()._output_padding(*args, **kwargs)
 
 
-def test_convert_converts_subclasses_that_keep_torch_nn_computation(monkeypatch):
+def test_convert_converts_subclasses_that_keep_torch_nn_computation(kernel_calls):
     """A subclass overriding neither forward nor _conv_forward (ConvTranspose: nor
     _output_padding) gets a class of its name derived from it and convgrad's: an
     instance of the subclass with its own methods, the same results as torch.nn's
@@ -328,10 +324,7 @@ def test_convert_converts_subclasses_that_keep_torch_nn_computation(monkeypatch)
     cgt.convert(other)
     assert type(other) is type(conv)
 
-    kinds = []
-    run_op = convgrad.execute
-    monkeypatch.setattr(convgrad, "execute",
-                        lambda kind, *a, **k: kinds.append(kind) or run_op(kind, *a, **k))
+    kernel_calls.clear()
     x = sample((2, 2, 5, 4, 3), generator, integers=True)
     with torch.no_grad():
         grad = sample(reference[0](x).shape, generator, integers=True)
@@ -344,7 +337,7 @@ def test_convert_converts_subclasses_that_keep_torch_nn_computation(monkeypatch)
     for got, want in zip(run(up, x, grad, False), run(reference[1][0], x, grad, False),
                          strict=True):
         assert torch.equal(got, want)
-    assert len(kinds) == 6  # each module's forward, data and weight gradients
+    assert len(kernel_calls) == 6  # each module's forward, data and weight gradients
 
     for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert type(copied[0]) is type(conv) and type(copied[1][0]) is type(up)
@@ -439,16 +432,12 @@ def test_converted_model_under_torch_compile_traces_convgrad_ops():
                    for t in graphs["forward"] | graphs["backward"])
 
 
-def test_converted_model_under_inductor_gives_the_same_results(monkeypatch):
+def test_converted_model_under_inductor_gives_the_same_results(kernel_calls):
     """The default backend (inductor), two batch sizes (the second traces the batch
     as a symbolic size)."""
     model = _model(4)
     reference = copy.deepcopy(model)
     cgt.convert(model)
-    kinds = set()
-    run_op = convgrad.execute
-    monkeypatch.setattr(convgrad, "execute",
-                        lambda kind, *a, **k: kinds.add(kind) or run_op(kind, *a, **k))
     compiled = torch.compile(model, fullgraph=True)
     for batch in (2, 3):
         x = torch.randn(batch, 3, 8, 8)
@@ -457,5 +446,5 @@ def test_converted_model_under_inductor_gives_the_same_results(monkeypatch):
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
         for g, w in zip(got[2], want[2], strict=True):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
-    assert kinds == {"ConvTransposeBackwardData", "ConvolutionBackwardData",
-                     "ConvolutionBackwardWeights"}
+    assert {call[0] for call in kernel_calls} == {
+        "ConvTransposeBackwardData", "ConvolutionBackwardData", "ConvolutionBackwardWeights"}

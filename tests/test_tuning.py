@@ -619,11 +619,10 @@ CHILD = textwrap.dedent("""
                                                    num_threads=2)
     untuned = convgrad.convolution_backward_weights(src, dd, weights_shape=[1, 1],
                                                     num_threads=2, tune=False)
-    from convgrad.api import _plan
-    from convgrad.cpu import selected_isa
-    problem, config, _ = _plan("ConvolutionBackwardWeights", src.shape, dd.shape,
-                               {"weights_shape": [1, 1]}, None, "f32")
-    plan = tuning.plan_for(problem, config, 2, tuning.mode(), (src, dd))
+    from convgrad.bound import bind
+    call = bind("ConvolutionBackwardWeights", src.shape, dd.shape, "f32",
+                {"weights_shape": [1, 1]}, None, 2)
+    plan = tuning.plan_for(call.problem, call.config, 2, tuning.mode(), (src, dd))
     print(json.dumps({"timings": tuning.timings_run, "plan": plan,
                       "same": bool(np.array_equal(result, untuned)),
                       "loaded": sorted(k[1] or "" for k in kernels._loaded if k[1])}))

@@ -1,19 +1,16 @@
-"""Tensors to kernel arrays and back: validation, memory layouts, views without copies.
+"""Tensors as the kernels see them: validation and memory layouts.
 
 A torch data tensor is logically (N, C, spatial...). In memory it is either that
 (contiguous: the kernels' NCX) or (N, spatial..., C) (channels_last: the kernels' NXC,
 reached by permuting the tensor, which gives a C-contiguous view). Weights are torch's
-(O, I/g, k...) = OIX (IOX for ConvTranspose), contiguous. numpy views share the
-tensors' memory; bfloat16 goes through an int16 view, since numpy has no bfloat16 of
-its own and `Tensor.numpy()` refuses it.
+(O, I/g, k...) = OIX (IOX for ConvTranspose), contiguous. The kernels read and write
+the tensors' own memory; a tensor in another layout is copied into one first.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import ml_dtypes
-import numpy as np
 import torch
 
 from convgrad import threads
@@ -99,24 +96,25 @@ def data_format(t: torch.Tensor, hint: torch.Tensor | None = None) -> str:
     return "NXC" if t.stride(1) == 1 and t.size(1) > 1 else "NCX"
 
 
-def as_array(t: torch.Tensor, fmt: str) -> np.ndarray:
-    """A numpy array of `t` in kernel layout `fmt`, sharing memory unless `t` has
-    another layout (then a contiguous copy is made first)."""
-    t = t.detach()
+def is_dense(t: torch.Tensor, fmt: str | None) -> bool:
+    """Whether the kernel reads `t` in place in layout `fmt` (None: weights, OIX/IOX)."""
+    return _dense_nxc(t) if fmt == "NXC" else t.is_contiguous()
+
+
+def dense(t: torch.Tensor, fmt: str) -> torch.Tensor:
+    """`t` itself, or a copy whose memory is layout `fmt` ("NXC", "NCX", or "OIX" for
+    weights), in torch's logical order either way."""
     if fmt == "NXC":
-        t = t.permute(_to_last(t.dim()))
-    t = t.contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+        rank = t.dim()
+        return t.permute(_to_last(rank)).contiguous().permute(_to_first(rank))
+    return t.contiguous()
 
 
-def weights_array(t: torch.Tensor) -> np.ndarray:
-    """Weights as an OIX (IOX) array: the tensor itself when contiguous."""
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+def kernel_shape(t: torch.Tensor, fmt: str | None) -> tuple[int, ...]:
+    """The shape the kernel sees `t` in: (N, spatial..., C) for NXC, else torch's."""
+    if fmt == "NXC":
+        return tuple(t.shape[i] for i in _to_last(t.dim()))
+    return tuple(t.shape)
 
 
 def new_data(shape: Sequence[int], fmt: str, like: torch.Tensor) -> torch.Tensor:
@@ -131,15 +129,6 @@ def new_data(shape: Sequence[int], fmt: str, like: torch.Tensor) -> torch.Tensor
 
 def new_weights(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
     return torch.empty(list(shape), dtype=like.dtype, device=like.device)
-
-
-def out_array(t: torch.Tensor, fmt: str | None) -> np.ndarray:
-    """The numpy view a kernel writes `t` (made by new_data/new_weights) through."""
-    array = as_array(t, fmt) if fmt is not None else weights_array(t)
-    if array.size and array.__array_interface__["data"][0] != t.data_ptr():
-        raise AssertionError("convgrad.torch: a result view does not share the tensor's "
-                             "memory")  # a bug here, never the caller's
-    return array
 
 
 def num_threads() -> int:

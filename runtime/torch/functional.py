@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from convgrad.torch import _bridge
-from convgrad.torch.ops import OPS
+from convgrad.torch.ops import dispatch
 
 Padding = int | Sequence[int] | Sequence[Sequence[int]] | str
 
@@ -104,15 +104,36 @@ def _pads(op: str, padding, rank: int, kernel: Sequence[int], strides: Sequence[
     return pads, list(pads)
 
 
+# The op arguments of a module's convolution by its attributes and kernel: checking
+# and expanding them costs as much as a small kernel, and a model repeats them.
+_conv_args: dict = {}
+MAX_CONV_ARGS = 4096
+
+
 def _conv(rank: int, input, weight, bias, stride, padding, dilation, groups) -> torch.Tensor:
     op = f"conv{rank}d"
+    if not torch.compiler.is_compiling():
+        try:
+            key = (rank, stride, padding, dilation, groups, weight.shape)
+            args = _conv_args.get(key)
+        except TypeError:  # lists: checked every time
+            key, args = None, None
+        if (args is not None and input.dtype is weight.dtype and input.dim() == rank + 2
+                and input.dtype in _bridge.DTYPES and input.is_cpu
+                and (bias is None or bias.dtype is input.dtype and bias.dim() == 1)):
+            y = dispatch("conv_transpose_backward_data", input, weight, *args)
+            return _add_bias(y, bias, op)
     unbatched = _inputs(op, rank, input, weight, bias)
     strides = _tuple(op, "stride", stride, rank, 1)
     dilations = _tuple(op, "dilation", dilation, rank, 1)
     pads_begin, pads_end = _pads(op, padding, rank, weight.shape[2:], strides, dilations)
+    args = (strides, pads_begin, pads_end, dilations, groups)
+    if not torch.compiler.is_compiling() and key is not None:
+        if len(_conv_args) >= MAX_CONV_ARGS:
+            _conv_args.clear()
+        _conv_args[key] = args
     x = input.unsqueeze(0) if unbatched else input
-    y = OPS["conv_transpose_backward_data"](x, weight, strides, pads_begin, pads_end,
-                                            dilations, groups)
+    y = dispatch("conv_transpose_backward_data", x, weight, *args)
     y = _add_bias(y, bias, op)
     return y.squeeze(0) if unbatched else y
 
@@ -126,8 +147,8 @@ def _conv_transpose(rank: int, input, weight, bias, stride, padding, output_padd
     pads = _tuple(op, "padding", padding, rank, 0)
     extra = _tuple(op, "output_padding", output_padding, rank, 0)
     x = input.unsqueeze(0) if unbatched else input
-    y = OPS["convolution_backward_data"](x, weight, None, strides, pads, pads, dilations,
-                                         groups, extra)
+    y = dispatch("convolution_backward_data", x, weight, None, strides, pads, pads, dilations,
+                 groups, extra)
     y = _add_bias(y, bias, op)
     return y.squeeze(0) if unbatched else y
 

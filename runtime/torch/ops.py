@@ -19,52 +19,25 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-import convgrad
-from convgrad.torch import _bridge
+from convgrad.codegen.ops import OpSpec
+from convgrad.torch import _bridge, _calls
+from convgrad.torch._calls import SPECS, execute, extent, result_shape
 
 Ints = Sequence[int]
-
-
-@dataclass(frozen=True)
-class _Spec:
-    name: str  # the function and torch op name
-    kind: str  # the op kind of SEMANTICS.md
-    inputs: tuple[str, str]
-    shape_name: str | None
-    weights_attr: str
-    weights_format: str  # OIX or IOX: torch's own weight layouts
-    family: str  # "data", "fwd" or "weights"
-
-    @property
-    def qualname(self) -> str:
-        return f"convgrad::{self.name}"
-
-
-_SPECS = {spec.name: spec for spec in (
-    _Spec("convolution_backward_data", "ConvolutionBackwardData", ("diff_dst", "weights"),
-          "dst_shape", "weights_format", "OIX", "data"),
-    _Spec("convolution_backprop_data", "ConvolutionBackpropData", ("output_delta", "filter"),
-          "output_shape", "filter_format", "OIX", "data"),
-    _Spec("convolution_backward_weights", "ConvolutionBackwardWeights", ("src", "diff_dst"),
-          "weights_shape", "weights_format", "OIX", "weights"),
-    _Spec("convolution_backprop_filters", "ConvolutionBackpropFilters",
-          ("input_forward", "output_delta"), "filter_shape", "filter_format", "OIX", "weights"),
-    _Spec("conv_transpose_backward_data", "ConvTransposeBackwardData", ("diff_dst", "weights"),
-          None, "weights_format", "IOX", "fwd"),
-    _Spec("conv_transpose_backward_weights", "ConvTransposeBackwardWeights",
-          ("src", "diff_dst"), "weights_shape", "weights_format", "IOX", "weights"),
-)}
 
 _COMMON = "int[] strides, SymInt[] pads_begin, SymInt[] pads_end, int[] dilations, int groups"
 
 
-def _schema(spec: _Spec) -> str:
+def _qualname(spec: OpSpec) -> str:
+    return f"convgrad::{spec.function}"
+
+
+def _schema(spec: OpSpec) -> str:
     a, b = spec.inputs
-    if spec.family == "data":
+    if spec.family == "bwd_data":
         args = f"Tensor {a}, Tensor {b}, SymInt[]? {spec.shape_name}, {_COMMON}, " \
                "int[] output_padding"
     elif spec.family == "fwd":
@@ -74,127 +47,24 @@ def _schema(spec: _Spec) -> str:
     return f"({args}) -> Tensor"
 
 
-def _extent(k, d):
-    return d * (k - 1) + 1
-
-
-def _is_concrete(*values) -> bool:
-    return all(type(v) is int for group in values for v in group)
-
-
-# Result shapes by (op, shapes, attributes): convgrad.infer_shape validates everything,
-# which costs more than a small kernel; a training loop repeats the same calls.
-_shapes: dict = {}
-MAX_SHAPES = 4096
-
-
-def _result_shape(spec: _Spec, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_begin,
-                  pads_end, dilations, groups, output_padding=None) -> list:
-    """The result shape in torch order. With concrete sizes it is convgrad.infer_shape's
-    (which validates everything, with its messages); with symbolic sizes (dynamic
-    shapes in torch.compile) the same rules as plain arithmetic."""
-    if _is_concrete(a.shape, b.shape, shape or (), pads_begin, pads_end):
-        key = (spec.name, tuple(a.shape), tuple(b.shape),
-               None if shape is None else tuple(shape), tuple(strides), tuple(pads_begin),
-               tuple(pads_end), tuple(dilations), groups,
-               None if output_padding is None else tuple(output_padding))
-        result = _shapes.get(key)
-        if result is None:
-            result = _infer_shape(spec, a, b, shape, strides, pads_begin, pads_end,
-                                  dilations, groups, output_padding)
-            if len(_shapes) >= MAX_SHAPES:
-                _shapes.clear()
-            _shapes[key] = result
-        return list(result)
-    return _symbolic_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
-                           groups, output_padding)
-
-
-def _infer_shape(spec: _Spec, a, b, shape, strides, pads_begin, pads_end, dilations,
-                 groups, output_padding) -> tuple:
-    attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
-             "pads_end": list(pads_end), "dilations": list(dilations), "groups": groups,
-             "data_format": "NCX", spec.weights_attr: spec.weights_format}
-    if output_padding is not None:
-        attrs["output_padding"] = list(output_padding)
-    inputs = [tuple(a.shape), tuple(b.shape)]
-    if shape is not None:
-        inputs.append(list(shape))
-    return tuple(convgrad.infer_shape(spec.kind, inputs, attrs))
-
-
-def _symbolic_shape(spec: _Spec, a, b, shape, strides, pads_begin, pads_end, dilations,
-                    groups, output_padding) -> list:
-    """SEMANTICS.md's shape rules (explicit pads) as arithmetic that SymInts follow."""
-    if spec.family == "data":  # a: (N, OC, X...), b: (OC, IC/g, k...)
-        if shape is not None:
-            spatial = list(shape)[-(a.dim() - 2):]
-        else:
-            spatial = [s * (x - 1) + _extent(k, d) - pb - pe + p for x, k, s, d, pb, pe, p in
-                       zip(a.shape[2:], b.shape[2:], strides, dilations, pads_begin,
-                           pads_end, output_padding, strict=True)]
-        return [a.shape[0], b.shape[1] * groups, *spatial]
-    if spec.family == "fwd":  # a: (N, OC, Y...), b: (IC, OC/g, k...)
-        spatial = [(y + pb + pe - _extent(k, d)) // s + 1 for y, k, s, d, pb, pe in
-                   zip(a.shape[2:], b.shape[2:], strides, dilations, pads_begin, pads_end,
-                       strict=True)]
-        return [a.shape[0], b.shape[0], *spatial]
-    kernel = list(shape)[-(a.dim() - 2):]
-    if spec.kind == "ConvTransposeBackwardWeights":  # (IC, OC/g, k...)
-        return [a.shape[1], b.shape[1] // groups, *kernel]
-    return [b.shape[1], a.shape[1] // groups, *kernel]  # (OC, IC/g, k...)
-
-
-def _layouts(spec: _Spec, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str | None]:
-    """(layout the kernel reads its data in, layout of the result or None for weights).
-    The first data input decides; where it is both (one channel or one pixel), the
-    second (the other data tensor, or channels_last weights) does."""
-    fmt = _bridge.data_format(a, hint=b)
-    return fmt, (None if spec.family == "weights" else fmt)
-
-
-def _run(spec: _Spec, a, b, shape, strides, pads_begin, pads_end, dilations, groups,
-         output_padding=None) -> torch.Tensor:
-    _bridge.check_pair(spec.kind, spec.inputs, a, b)
-    result_shape = _result_shape(spec, a, b, shape, strides, pads_begin, pads_end,
-                                 dilations, groups, output_padding)
-    fmt, out_fmt = _layouts(spec, a, b)
-    if spec.family == "weights":
-        arrays = [_bridge.as_array(a, fmt), _bridge.as_array(b, fmt)]
-        out = _bridge.new_weights(result_shape, a)
-    else:
-        arrays = [_bridge.as_array(a, fmt), _bridge.weights_array(b)]
-        out = _bridge.new_data(result_shape, out_fmt, a)
-    if shape is not None:  # a data shape goes as its spatial part: fmt may be NXC
-        arrays.append(list(shape)[-(a.dim() - 2):] if spec.family == "data" else list(shape))
-    attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
-             "pads_end": list(pads_end), "dilations": list(dilations), "groups": groups,
-             "data_format": fmt, spec.weights_attr: spec.weights_format}
-    if output_padding is not None:
-        attrs["output_padding"] = list(output_padding)
-    if out.numel():
-        convgrad.execute(spec.kind, arrays, attrs, out=_bridge.out_array(out, out_fmt),
-                         num_threads=_bridge.num_threads())
-    return out
-
-
-def _fake(spec: _Spec, a, b, shape, strides, pads_begin, pads_end, dilations, groups,
+def _fake(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations, groups,
           output_padding=None) -> torch.Tensor:
     _bridge.check_pair(spec.kind, spec.inputs, a, b, fake=True)
-    result_shape = _result_shape(spec, a, b, shape, strides, pads_begin, pads_end,
-                                 dilations, groups, output_padding)
-    if spec.family == "weights":
-        return _bridge.new_weights(result_shape, a)
-    return _bridge.new_data(result_shape, _layouts(spec, a, b)[1], a)
+    shape = result_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations, groups,
+                         output_padding)
+    if spec.family == "bwd_weights":
+        return _bridge.new_weights(shape, a)
+    return _bridge.new_data(shape, _calls.layouts(spec, a, b)[1], a)
 
 
-def _define(spec: _Spec):
+def _define(spec: OpSpec):
     """Registers one op: the kernel call and its fake implementation."""
-    if spec.family == "data":
+    name = spec.function
+    if spec.family == "bwd_data":
         def impl(a, b, shape, strides, pads_begin, pads_end, dilations, groups,
                  output_padding):
-            return _run(spec, a, b, shape, strides, pads_begin, pads_end, dilations, groups,
-                        output_padding)
+            return execute(name, a, b, shape, strides, pads_begin, pads_end, dilations,
+                           groups, output_padding)
 
         def fake(a, b, shape, strides, pads_begin, pads_end, dilations, groups,
                  output_padding):
@@ -202,25 +72,26 @@ def _define(spec: _Spec):
                          groups, output_padding)
     elif spec.family == "fwd":
         def impl(a, b, strides, pads_begin, pads_end, dilations, groups):
-            return _run(spec, a, b, None, strides, pads_begin, pads_end, dilations, groups)
+            return execute(name, a, b, None, strides, pads_begin, pads_end, dilations, groups)
 
         def fake(a, b, strides, pads_begin, pads_end, dilations, groups):
             return _fake(spec, a, b, None, strides, pads_begin, pads_end, dilations, groups)
     else:
         def impl(a, b, shape, strides, pads_begin, pads_end, dilations, groups):
-            return _run(spec, a, b, shape, strides, pads_begin, pads_end, dilations, groups)
+            return execute(name, a, b, shape, strides, pads_begin, pads_end, dilations,
+                           groups)
 
         def fake(a, b, shape, strides, pads_begin, pads_end, dilations, groups):
             return _fake(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
                          groups)
-    impl.__name__ = spec.name
-    op = torch.library.custom_op(spec.qualname, impl, mutates_args=(),
+    impl.__name__ = name
+    op = torch.library.custom_op(_qualname(spec), impl, mutates_args=(),
                                  schema=_schema(spec))
     op.register_fake(fake)
     return op
 
 
-_ops = {name: _define(spec) for name, spec in _SPECS.items()}
+_ops = {name: _define(spec) for name, spec in SPECS.items()}
 
 
 # Autograd. Notation of one spatial axis: the forward convolution reads a size-Y tensor
@@ -235,7 +106,7 @@ def _fit(t: torch.Tensor, outputs: Sequence, kernel: Sequence, strides, dilation
     for axis, (x, k, s, d, pb) in enumerate(zip(outputs, kernel, strides, dilations,
                                                  pads_begin, strict=True)):
         y = t.shape[2 + axis]
-        pe = s * (x - 1) + _extent(k, d) - y - pb
+        pe = s * (x - 1) + extent(k, d) - y - pb
         if pe < 0:
             t = t.narrow(2 + axis, 0, y + pe)
             pe = 0
@@ -257,10 +128,10 @@ def _backward_data(ctx, grad):
     grad, pads_end = _fit(grad, diff_dst.shape[2:], kernel, strides, dilations, pads_begin)
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:  # a forward convolution of grad
-        grad_a = _ops["conv_transpose_backward_data"](grad, weights, strides, pads_begin,
+        grad_a = dispatch("conv_transpose_backward_data", grad, weights, strides, pads_begin,
                                                       pads_end, dilations, groups)
     if ctx.needs_input_grad[1]:  # grad reads as the forward's src, diff_dst as its result
-        grad_b = _ops["convolution_backward_weights"](grad, diff_dst, list(kernel), strides,
+        grad_b = dispatch("convolution_backward_weights", grad, diff_dst, list(kernel), strides,
                                                       pads_begin, pads_end, dilations,
                                                       groups)
     return grad_a, grad_b, None, None, None, None, None, None, None
@@ -272,11 +143,11 @@ def _backward_weights(ctx, grad):
     _, strides, pads_begin, pads_end, dilations, groups = ctx.attrs
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
-        grad_a = _ops["convolution_backward_data"](diff_dst, grad, list(src.shape[2:]),
+        grad_a = dispatch("convolution_backward_data", diff_dst, grad, list(src.shape[2:]),
                                                    strides, pads_begin, pads_end, dilations,
                                                    groups, [0] * len(strides))
     if ctx.needs_input_grad[1]:
-        grad_b = _ops["conv_transpose_backward_data"](src, grad, strides, pads_begin,
+        grad_b = dispatch("conv_transpose_backward_data", src, grad, strides, pads_begin,
                                                       pads_end, dilations, groups)
     return grad_a, grad_b, None, None, None, None, None, None
 
@@ -287,11 +158,11 @@ def _backward_fwd(ctx, grad):
     strides, pads_begin, pads_end, dilations, groups = ctx.attrs
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
-        grad_a = _ops["convolution_backward_data"](grad, weights, list(diff_dst.shape[2:]),
+        grad_a = dispatch("convolution_backward_data", grad, weights, list(diff_dst.shape[2:]),
                                                    strides, pads_begin, pads_end, dilations,
                                                    groups, [0] * len(strides))
     if ctx.needs_input_grad[1]:
-        grad_b = _ops["convolution_backward_weights"](diff_dst, grad, list(weights.shape[2:]),
+        grad_b = dispatch("convolution_backward_weights", diff_dst, grad, list(weights.shape[2:]),
                                                       strides, pads_begin, pads_end,
                                                       dilations, groups)
     return grad_a, grad_b, None, None, None, None, None
@@ -303,13 +174,74 @@ def _backward_transpose_weights(ctx, grad):
     _, strides, pads_begin, pads_end, dilations, groups = ctx.attrs
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
-        grad_a = _ops["conv_transpose_backward_data"](diff_dst, grad, strides, pads_begin,
+        grad_a = dispatch("conv_transpose_backward_data", diff_dst, grad, strides, pads_begin,
                                                       pads_end, dilations, groups)
     if ctx.needs_input_grad[1]:
-        grad_b = _ops["convolution_backward_data"](src, grad, list(diff_dst.shape[2:]),
+        grad_b = dispatch("convolution_backward_data", src, grad, list(diff_dst.shape[2:]),
                                                    strides, pads_begin, pads_end, dilations,
                                                    groups, [0] * len(strides))
     return grad_a, grad_b, None, None, None, None, None, None
+
+
+def _plain(a, b) -> bool:
+    """Whether both are plain CPU tensors outside any tracing, transform or mode: then
+    the op runs without torch's dispatcher (the registered op serves everything else)."""
+    return (type(a) in _PLAIN and type(b) in _PLAIN and a.is_cpu and b.is_cpu
+            and not torch._C._is_torch_function_mode_enabled()
+            and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active())
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def dispatch(name: str, a: torch.Tensor, b: torch.Tensor, *attrs) -> torch.Tensor:
+    """Op `name` on (a, b) with the registered op's other arguments, by the cheapest
+    path that keeps its meaning: the registered op (`torch.ops.convgrad.<name>`) when
+    torch.compile traces or the tensors are fake, meta, subclasses or under a mode;
+    else an autograd.Function with the same gradients (when one of them needs a
+    gradient), or the kernel itself. Python custom ops cost about 16 us a call (27 in
+    grad mode), more than a small kernel; the autograd.Function about 6."""
+    if torch.compiler.is_compiling() or not _plain(a, b):
+        return _ops[name](a, b, *attrs)
+    if _profiling():
+        with torch.profiler.record_function(f"convgrad::{name}"):
+            return _eager(name, a, b, attrs)
+    return _eager(name, a, b, attrs)
+
+
+_profiling = torch._C._autograd._profiler_enabled
+
+
+def _eager(name: str, a, b, attrs: tuple) -> torch.Tensor:
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return _Op.apply(a, b, name, attrs)
+    return _execute(name, a, b, attrs)
+
+
+_NO_SHAPE = frozenset(name for name, spec in SPECS.items() if spec.shape_name is None)
+
+
+def _execute(name: str, a, b, attrs: tuple) -> torch.Tensor:
+    """execute() with the registered op's arguments (ops without a shape have none)."""
+    if name in _NO_SHAPE:
+        return execute(name, a, b, None, *attrs)
+    return execute(name, a, b, *attrs)
+
+
+class _Op(torch.autograd.Function):
+    """One op with the registered op's gradients (_BACKWARD), outside the dispatcher."""
+
+    @staticmethod
+    def forward(ctx, a, b, name, attrs):
+        ctx.save_for_backward(a, b)
+        ctx.attrs, ctx.name = attrs, name
+        return _execute(name, a, b, attrs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_a, grad_b = _BACKWARD[ctx.name](ctx, grad)[:2]
+        return grad_a, grad_b, None, None
 
 
 _BACKWARD = {"convolution_backward_data": _backward_data,
@@ -372,14 +304,14 @@ def _shape(op: str, name: str, value):
     raise TypeError(f"{op}: {name} = {value!r} is invalid; expected a sequence of integers")
 
 
-def _data_op(spec: _Spec):
+def _data_op(spec: OpSpec):
     def function(a: torch.Tensor, b: torch.Tensor, shape: Ints | None = None, *,
                  strides: int | Ints = 1, pads_begin: int | Ints = 0, pads_end: int | Ints = 0,
                  dilations: int | Ints = 1, groups: int = 1,
                  output_padding: int | Ints = 0) -> torch.Tensor:
         rank = _rank(spec.kind, spec.inputs[0], a)
-        return _ops[spec.name](
-            a, b, _shape(spec.kind, spec.shape_name, shape),
+        return dispatch(
+            spec.function, a, b, _shape(spec.kind, spec.shape_name, shape),
             _per_axis(spec.kind, "strides", strides, rank),
             _per_axis(spec.kind, "pads_begin", pads_begin, rank),
             _per_axis(spec.kind, "pads_end", pads_end, rank),
@@ -388,7 +320,7 @@ def _data_op(spec: _Spec):
     return function
 
 
-def _weights_op(spec: _Spec):
+def _weights_op(spec: OpSpec):
     def function(a: torch.Tensor, b: torch.Tensor, shape: Ints, *, strides: int | Ints = 1,
                  pads_begin: int | Ints = 0, pads_end: int | Ints = 0,
                  dilations: int | Ints = 1, groups: int = 1) -> torch.Tensor:
@@ -396,8 +328,8 @@ def _weights_op(spec: _Spec):
         if shape is None:
             raise ValueError(f"{spec.kind}: {spec.shape_name} = None is invalid; expected the "
                              "kernel's spatial sizes (or the full weights shape)")
-        return _ops[spec.name](
-            a, b, _shape(spec.kind, spec.shape_name, shape),
+        return dispatch(
+            spec.function, a, b, _shape(spec.kind, spec.shape_name, shape),
             _per_axis(spec.kind, "strides", strides, rank),
             _per_axis(spec.kind, "pads_begin", pads_begin, rank),
             _per_axis(spec.kind, "pads_end", pads_end, rank),
@@ -405,13 +337,13 @@ def _weights_op(spec: _Spec):
     return function
 
 
-def _fwd_op(spec: _Spec):
+def _fwd_op(spec: OpSpec):
     def function(a: torch.Tensor, b: torch.Tensor, *, strides: int | Ints = 1,
                  pads_begin: int | Ints = 0, pads_end: int | Ints = 0,
                  dilations: int | Ints = 1, groups: int = 1) -> torch.Tensor:
         rank = _rank(spec.kind, spec.inputs[0], a)
-        return _ops[spec.name](
-            a, b, _per_axis(spec.kind, "strides", strides, rank),
+        return dispatch(
+            spec.function, a, b, _per_axis(spec.kind, "strides", strides, rank),
             _per_axis(spec.kind, "pads_begin", pads_begin, rank),
             _per_axis(spec.kind, "pads_end", pads_end, rank),
             _per_axis(spec.kind, "dilations", dilations, rank), _groups(spec.kind, groups))
@@ -419,18 +351,19 @@ def _fwd_op(spec: _Spec):
 
 
 def _public(name: str):
-    spec = _SPECS[name]
-    make = {"data": _data_op, "weights": _weights_op, "fwd": _fwd_op}[spec.family]
+    spec = SPECS[name]
+    make = {"bwd_data": _data_op, "bwd_weights": _weights_op, "fwd": _fwd_op}[spec.family]
+    weights_format = _calls.torch_weights_format(spec)
     function = make(spec)
     function.__name__ = function.__qualname__ = name
     a, b = spec.inputs
     shape = f", {spec.shape_name}" if spec.shape_name else ""
     function.__doc__ = (
         f"{spec.kind} on torch tensors: `{name}({a}, {b}{shape}, *, strides, pads_begin, "
-        "pads_end, dilations, groups" + (", output_padding" if spec.family == "data" else "")
+        "pads_end, dilations, groups" + (", output_padding" if spec.family == "bwd_data" else "")
         + ")` runs `torch.ops.convgrad." + name + "`.\n\nData tensors are (N, C, spatial...), "
-        "contiguous or channels_last; weights are " + spec.weights_format + " (torch's "
-        + ("ConvTranspose" if spec.weights_format == "IOX" else "convolution")
+        "contiguous or channels_last; weights are " + weights_format + " (torch's "
+        + ("ConvTranspose" if spec.transpose else "convolution")
         + " weight layout). The positional names are "
         f"`{a}`, `{b}`" + (f" and `{spec.shape_name}`" if spec.shape_name else "") + ". "
         "Per-axis attributes take a scalar or one value per spatial axis. Differentiable "

@@ -1,0 +1,169 @@
+"""Bound calls: everything a repeat call of one op configuration needs, resolved once.
+
+A `BoundCall` is memoised per (op, input shapes, dtype, attributes, shape input, thread
+count, tuning mode, ISA path). It holds the resolved problem, the loaded kernel, its
+run-time sizes (`convgrad_dims`) and the scratch it needs, so that a repeat call from
+either front end (the numpy API, `convgrad.torch`) only checks what depends on the data
+buffers themselves and calls the kernel. Building one validates the call (`resolve`,
+with the user's messages); a key that does not freeze (unusual attribute values) is
+never memoised, so such calls are validated every time.
+
+The memo is dropped by `kernels.reset()` (a new kernel cache, AOT path or ISA) and in a
+child process made by `fork` (the thread count may change there: convgrad.threads).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Mapping
+
+import numpy as np
+
+from convgrad import kernels, threads, tuning
+from convgrad.codegen import Problem, resolve
+from convgrad.cpu import selected_isa
+from convgrad.kernels import Kernel, ffi, get_kernel
+
+# Kernel scratch, kept per Python thread between calls: allocating and faulting in
+# fresh pages every call costs a third of the time of a small layer.
+_workspaces = threading.local()
+MAX_KEPT_WORKSPACE = 256 * 2**20
+SMALL_OUTPUT = 4096  # bytes
+_allocate = ffi.new_allocator(should_clear_after_alloc=False)
+
+
+def workspace(nbytes: int):
+    """A cffi buffer of at least `nbytes` (this thread's, reused while it is large enough)."""
+    buffer = getattr(_workspaces, "buffer", None)
+    if buffer is None or len(buffer) < nbytes:
+        buffer = _allocate("char[]", max(nbytes, 64))
+        if nbytes <= MAX_KEPT_WORKSPACE:
+            _workspaces.buffer = buffer
+    return buffer
+
+
+class BoundCall:
+    """One op configuration, resolved: call `run` with cffi pointers (or buffers) to the
+    op's two data inputs, in the op's order, and to the result. The kernel is loaded
+    (tuned, compiled) by the first run."""
+
+    __slots__ = ("problem", "config", "kernel", "dims", "threads", "workspace_bytes",
+                 "swap", "small_output", "_tune", "_arrays")
+
+    def __init__(self, problem: Problem, num_threads: int, tune: str, arrays=None):
+        self.problem = problem
+        self.config = problem.config.with_isa(selected_isa())
+        self.threads = num_threads
+        self.kernel = None
+        self._tune, self._arrays = tune, arrays
+        self.dims = kernels.dims_of(problem, num_threads)  # read only by the kernels
+        self.workspace_bytes = 0
+        self.swap = problem.swap_inputs
+        itemsize = 4 if problem.config.dtype == "f32" else 2
+        # a result of a few cache lines: finding a 64-byte boundary costs more than it saves
+        self.small_output = math.prod(problem.output_shape) * itemsize <= SMALL_OUTPUT
+
+    def load(self) -> Kernel:
+        """The kernel (tuned first where the tuning mode asks, compiled if needed)."""
+        if self.kernel is None:
+            plan = tuning.plan_for(self.problem, self.config, self.threads, self._tune,
+                                   self._arrays)
+            kernel = get_kernel(self.config, plan)
+            self.workspace_bytes = kernel.workspace_size(self.dims)
+            self._arrays = None
+            self.kernel = kernel
+        return self.kernel
+
+    def run(self, first, second, out) -> None:
+        kernel = self.kernel or self.load()
+        if self.swap:
+            first, second = second, first
+        status = kernel.function(first, second, out, self.dims,
+                                 workspace(self.workspace_bytes))
+        if status:
+            error = MemoryError if status == 2 else RuntimeError
+            raise error(f"{self.problem.op.kind}: kernel {kernel.name} failed: "
+                        f"{kernels.STATUS.get(status, status)}")
+
+    def run_arrays(self, first: np.ndarray, second: np.ndarray, out: np.ndarray) -> None:
+        """`run` on numpy arrays (C-contiguous, aligned, of the problem's shapes)."""
+        self.run(ffi.from_buffer(first), ffi.from_buffer(second),
+                 ffi.from_buffer(out, require_writable=True))
+
+
+_calls: dict = {}
+_lock = threading.Lock()
+MAX_CALLS = 4096
+
+
+class _Unfrozen(Exception):
+    pass
+
+
+_TAG = object()  # starts every tagged value; no user value freezes to it
+
+
+def freeze(value):
+    """A hashable stand-in for an attribute value, typed so that, e.g., strides=2.0 (an
+    error) never finds the entry of strides=2. Raises _Unfrozen for other values."""
+    kind = type(value)
+    if kind is int or kind is str:  # the common case; bool and float are tagged below
+        return value
+    if kind is list or kind is tuple:  # resolve reads lists and tuples alike
+        return tuple(map(freeze, value))
+    if isinstance(value, np.ndarray):
+        return (_TAG, "ndarray", value.dtype.str, value.shape,
+                *map(freeze, value.ravel().tolist()))
+    if value is None or isinstance(value, bool | int | float | str | np.generic):
+        return (_TAG, kind.__name__, value)
+    raise _Unfrozen
+
+
+def _settings(num_threads: int | None, tune) -> tuple:
+    """What besides the call's arguments decides its kernel: the thread count, the
+    tuning mode and the ISA path (CONVGRAD_TUNE and CONVGRAD_ISA, read here)."""
+    environ = os.environ
+    return (freeze(num_threads), threads._default, freeze(tune), environ.get(tuning.ENV),
+            environ.get("CONVGRAD_ISA"))
+
+
+def bind(kind: str, a_shape: tuple, b_shape: tuple, dtype: str, attrs: Mapping,
+         shape_input=None, num_threads: int | None = None, tune=None,
+         arrays=None) -> BoundCall:
+    """The memoised BoundCall of a call (validating it the first time). `arrays`, the
+    op's two data inputs as numpy arrays, are timed on when tuning must tune first
+    (random data of their shapes otherwise). The kernel itself is loaded by the first
+    run (BoundCall.load)."""
+    try:
+        key = (kind, a_shape, b_shape, dtype, freeze(shape_input),
+               tuple([(k, freeze(v)) for k, v in attrs.items()]),
+               _settings(num_threads, tune))
+        call = _calls.get(key)
+    except (_Unfrozen, TypeError):  # unusual values: validated every time
+        key, call = None, None
+    if call is not None:
+        return call
+    threads.check(f"{kind}: ", num_threads)
+    how = tuning.mode(tune)
+    problem = resolve(kind, (a_shape, b_shape), attrs, shape_input, dtype)
+    if how != "off" and arrays is None:
+        arrays = tuning.random_inputs((a_shape, b_shape), dtype)
+    call = BoundCall(problem, threads.for_call(num_threads), how, arrays)
+    if key is not None:
+        with _lock:
+            if len(_calls) >= MAX_CALLS:
+                _calls.clear()
+            _calls[key] = call
+    return call
+
+
+def reset() -> None:
+    """Forgets every bound call."""
+    with _lock:
+        _calls.clear()
+
+
+kernels.on_reset(reset)
+os.register_at_fork(after_in_child=_calls.clear)

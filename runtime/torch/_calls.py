@@ -1,0 +1,185 @@
+"""Running one op on torch tensors: shapes, layouts, and a memo of resolved calls.
+
+The op table is convgrad's own (`convgrad.codegen.OPS`, keyed here by function name),
+the one the numpy API reads. `execute` validates a call once per configuration (tensor
+shapes, strides and dtypes, attributes, thread count), through `convgrad.bound.bind`,
+and keeps what it resolved: the bound kernel, the result's shape and strides, and
+whether an input must be made dense first. A repeat call allocates the result and
+calls the kernel on the tensors' own memory.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import torch
+
+import convgrad
+from convgrad import bound, threads
+from convgrad.codegen import OPS as _KINDS
+from convgrad.codegen.ops import OpSpec
+from convgrad.kernels import ffi
+from convgrad.torch import _bridge
+
+SPECS: dict[str, OpSpec] = {spec.function: spec for spec in _KINDS.values()}
+
+
+def torch_weights_format(spec: OpSpec) -> str:
+    """torch's own weight layout for the op: OIX, or IOX for the ConvTranspose ops."""
+    return spec.weights_formats[0]
+
+
+def extent(k, d):
+    """The dilated kernel extent."""
+    return d * (k - 1) + 1
+
+
+def infer_shape(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                groups, output_padding) -> tuple:
+    """The result shape in torch order by convgrad.infer_shape (which validates all)."""
+    attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
+             "pads_end": list(pads_end), "dilations": list(dilations), "groups": groups,
+             "data_format": "NCX", spec.weights_attr: torch_weights_format(spec)}
+    if output_padding is not None:
+        attrs["output_padding"] = list(output_padding)
+    inputs = [tuple(a.shape), tuple(b.shape)]
+    if shape is not None:
+        inputs.append(list(shape))
+    return tuple(convgrad.infer_shape(spec.kind, inputs, attrs))
+
+
+def symbolic_shape(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                   groups, output_padding) -> list:
+    """SEMANTICS.md's shape rules (explicit pads) as arithmetic that SymInts follow."""
+    if spec.family == "bwd_data":  # a: (N, OC, X...), b: (OC, IC/g, k...)
+        if shape is not None:
+            spatial = list(shape)[-(a.dim() - 2):]
+        else:
+            spatial = [s * (x - 1) + extent(k, d) - pb - pe + p for x, k, s, d, pb, pe, p in
+                       zip(a.shape[2:], b.shape[2:], strides, dilations, pads_begin,
+                           pads_end, output_padding, strict=True)]
+        return [a.shape[0], b.shape[1] * groups, *spatial]
+    if spec.family == "fwd":  # a: (N, OC, Y...), b: (IC, OC/g, k...)
+        spatial = [(y + pb + pe - extent(k, d)) // s + 1 for y, k, s, d, pb, pe in
+                   zip(a.shape[2:], b.shape[2:], strides, dilations, pads_begin, pads_end,
+                       strict=True)]
+        return [a.shape[0], b.shape[0], *spatial]
+    kernel = list(shape)[-(a.dim() - 2):]
+    if spec.transpose:  # (IC, OC/g, k...)
+        return [a.shape[1], b.shape[1] // groups, *kernel]
+    return [b.shape[1], a.shape[1] // groups, *kernel]  # (OC, IC/g, k...)
+
+
+def _is_concrete(*values) -> bool:
+    return all(type(v) is int for group in values for v in group)
+
+
+def result_shape(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                 groups, output_padding=None) -> list:
+    """The result shape in torch order: infer_shape's with concrete sizes, else (dynamic
+    shapes in torch.compile) the same rules as arithmetic on SymInts."""
+    if _is_concrete(a.shape, b.shape, shape or (), pads_begin, pads_end):
+        return list(infer_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                                groups, output_padding))
+    return symbolic_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                          groups, output_padding)
+
+
+def layouts(spec: OpSpec, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str | None]:
+    """(layout the kernel reads its data in, layout of the result or None for weights).
+    The first data input decides; where it is both (one channel or one pixel), the
+    second (the other data tensor, or channels_last weights) does."""
+    fmt = _bridge.data_format(a, hint=b)
+    return fmt, (None if spec.family == "bwd_weights" else fmt)
+
+
+class _Call:
+    """One resolved configuration of an op on tensors."""
+
+    __slots__ = ("bound", "shape", "strides", "empty", "dense_a", "dense_b")
+
+    def __init__(self, spec: OpSpec, a: torch.Tensor, b: torch.Tensor, shape, strides,
+                 pads_begin, pads_end, dilations, groups, output_padding, num_threads):
+        _bridge.check_pair(spec.kind, spec.inputs, a, b)
+        out_shape = result_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
+                                 groups, output_padding)
+        fmt, out_fmt = layouts(spec, a, b)
+        out = (_bridge.new_weights(out_shape, a) if out_fmt is None
+               else _bridge.new_data(out_shape, out_fmt, a))
+        self.shape, self.strides = tuple(out.shape), out.stride()
+        self.empty = out.numel() == 0
+        # an input whose memory is not the layout the kernel reads is made so first
+        self.dense_a = None if _bridge.is_dense(a, fmt) else fmt
+        b_fmt = fmt if spec.family == "bwd_weights" else None
+        self.dense_b = False if _bridge.is_dense(b, b_fmt) else (b_fmt or "OIX")
+        self.bound = None
+        if self.empty:
+            return
+        a_shape = _bridge.kernel_shape(a, fmt)
+        b_shape = _bridge.kernel_shape(b, b_fmt)
+        if shape is not None:  # a data shape goes as its spatial part: fmt may be NXC
+            shape = list(shape)[-(a.dim() - 2):] if spec.family == "bwd_data" else list(shape)
+        attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
+                 "pads_end": list(pads_end), "dilations": list(dilations), "groups": groups,
+                 "data_format": fmt, spec.weights_attr: torch_weights_format(spec)}
+        if output_padding is not None:
+            attrs["output_padding"] = list(output_padding)
+        dtype = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[a.dtype]
+        self.bound = bound.bind(spec.kind, a_shape, b_shape, dtype, attrs, shape,
+                                num_threads)
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_strided(self.shape, self.strides, dtype=a.dtype)
+        if self.empty:
+            return out
+        if self.dense_a:
+            a = _bridge.dense(a, self.dense_a)
+        if self.dense_b:
+            b = _bridge.dense(b, self.dense_b)
+        cast = ffi.cast
+        self.bound.run(cast("void *", a.data_ptr()), cast("void *", b.data_ptr()),
+                       cast("void *", out.data_ptr()))
+        return out
+
+
+_calls: dict = {}
+_lock = threading.Lock()
+MAX_CALLS = 4096
+
+
+def execute(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_begin,
+            pads_end, dilations, groups, output_padding=None) -> torch.Tensor:
+    """Runs op `name` (a function name of the op table) on CPU tensors. The first call
+    of a configuration validates it (with the user's error messages)."""
+    count = threads._default or torch.get_num_threads()
+    if not (a.is_cpu and b.is_cpu):
+        return _Call(SPECS[name], a, b, shape, strides, pads_begin, pads_end, dilations,
+                     groups, output_padding, count)(a, b)  # raises the error
+    try:
+        key = (name, a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype,
+               None if shape is None else tuple(shape), tuple(strides), tuple(pads_begin),
+               tuple(pads_end), tuple(dilations), groups,
+               None if output_padding is None else tuple(output_padding), count)
+        call = _calls.get(key)
+    except (TypeError, RuntimeError):  # sparse tensors have no strides; unhashable values
+        key, call = None, None
+    if call is None:
+        call = _Call(SPECS[name], a, b, shape, strides, pads_begin, pads_end, dilations,
+                     groups, output_padding, count)
+        if key is not None:
+            with _lock:
+                if len(_calls) >= MAX_CALLS:
+                    _calls.clear()
+                _calls[key] = call
+    return call(a, b)
+
+
+def reset() -> None:
+    """Forgets every resolved call."""
+    with _lock:
+        _calls.clear()
+
+
+bound.kernels.on_reset(reset)
+os.register_at_fork(after_in_child=_calls.clear)  # the thread count may change there
