@@ -20,12 +20,15 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from convgrad import api, kernels, pch, tuning
 from convgrad.cache import cache_dir, file_digest
@@ -283,10 +286,23 @@ def _with_batch(shape: tuple, batch: int) -> tuple:
     return (batch, *shape[1:])
 
 
-def check_layer(layer: Layer, rng: np.random.Generator, *, repeats: int = 5,
-                num_threads: int | None = None) -> dict:
-    """Runs a layer at batch 1 on integer data, compares with the numpy reference bit
-    for bit, and times it: the median of `repeats` calls after the checked one."""
+def median_seconds(call: Callable[[], object], repeats: int, warmups: int = 1) -> float:
+    """The median wall time of `repeats` calls of `call` made back to back, right after
+    `warmups` untimed calls (which fault in its memory and wake its threads)."""
+    for _ in range(warmups):
+        call()
+    times = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - begin)
+    return statistics.median(times)
+
+
+def _check_inputs(layer: Layer, seed) -> list:
+    """A layer's inputs at batch 1: integer data of the layer's dtype (exact in every
+    dtype and in any summation order), then its shape input if any."""
+    rng = np.random.default_rng(seed)
     dtype = api.DTYPE_BY_NAME[layer.dtype]
     data_inputs = 2 if OPS[layer.op].family == "bwd_weights" else 1  # the rest are weights
     shapes = [_with_batch(s, 1) if i < data_inputs else s for i, s in enumerate(layer.inputs[:2])]
@@ -295,19 +311,48 @@ def check_layer(layer: Layer, rng: np.random.Generator, *, repeats: int = 5,
     full_data_shape = len(layer.inputs) > 2 and len(layer.inputs[2]) == len(layer.inputs[0])
     if OPS[layer.op].family == "bwd_data" and full_data_shape:
         inputs[2] = np.array(_with_batch(layer.inputs[2], 1))
-    problem = layer.resolve()
-    kernel = kernels.get_kernel(problem.config.with_isa(selected_isa()))
-    result = api.execute(layer.op, inputs, layer.attrs, num_threads=num_threads)  # warm-up
-    expected = reference(layer.op, inputs, layer.attrs).astype(np.float32).astype(dtype)
-    out = np.empty_like(result)
-    times = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        api.execute(layer.op, inputs, layer.attrs, out=out, num_threads=num_threads)
-        times.append(time.perf_counter() - begin)
-    elapsed = statistics.median(times)
-    return {"exact": bool(np.array_equal(result, expected)), "origin": kernel.origin,
-            "ms": elapsed * 1e3, "gflops": _flops(problem) / problem.batch / elapsed / 1e9}
+    return inputs
+
+
+def check_layers(layers: list[Layer], *, repeats: int = 5, num_threads: int | None = None,
+                 seed: int = 0, progress=None) -> list[dict]:
+    """Runs every layer at batch 1 on integer data through the runtime, times it (the
+    median of `repeats` calls after a warm-up, see median_seconds) and compares it with
+    the numpy reference bit for bit. Returns per layer the kernel's origin, "ms",
+    "gflops" and "exact".
+
+    Every layer is timed before any reference runs, and the references run with BLAS
+    on one thread: a multithreaded BLAS call leaves its threads spinning for a while,
+    and a kernel timed right after one shares the cores with them (on 2 cores 10-20x
+    slower). The order keeps the times true whatever BLAS numpy uses; the limit keeps
+    the reference from waking BLAS threads at all, so nothing timed after this call
+    (a second check in the same process) meets them either."""
+    outcomes = []
+    for index, layer in enumerate(layers):
+        if progress:
+            progress("timing", index, len(layers), layer.name)
+        problem = layer.resolve()
+        kernel = kernels.get_kernel(problem.config.with_isa(selected_isa()))
+        inputs = _check_inputs(layer, (seed, index))
+        out = api.execute(layer.op, inputs, layer.attrs, num_threads=num_threads)
+        elapsed = median_seconds(partial(api.execute, layer.op, inputs, layer.attrs, out=out,
+                                         num_threads=num_threads), repeats)
+        outcomes.append({"origin": kernel.origin, "ms": elapsed * 1e3,
+                         "gflops": _flops(problem) / problem.batch / elapsed / 1e9})
+    if progress:
+        progress("timing", len(layers), len(layers), "")
+    with threadpool_limits(limits=1, user_api="blas"):
+        for index, (layer, outcome) in enumerate(zip(layers, outcomes, strict=True)):
+            if progress:
+                progress("checking", index, len(layers), layer.name)
+            inputs = _check_inputs(layer, (seed, index))
+            dtype = api.DTYPE_BY_NAME[layer.dtype]
+            result = api.execute(layer.op, inputs, layer.attrs, num_threads=num_threads)
+            expected = reference(layer.op, inputs, layer.attrs).astype(np.float32).astype(dtype)
+            outcome["exact"] = bool(np.array_equal(result, expected))
+    if progress:
+        progress("checking", len(layers), len(layers), "")
+    return outcomes
 
 
 def _flops(problem) -> int:

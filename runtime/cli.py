@@ -17,7 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -53,6 +52,18 @@ def _progress() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), TextColumn("{task.fields[item]}"),
                     console=console, disable=not console.is_terminal)
+
+
+def _stages(progress: Progress):
+    """A progress callback (stage, done, total, item) drawing one bar per stage."""
+    tasks: dict[str, int] = {}
+
+    def update(stage: str, done: int, total: int, name: str) -> None:
+        if stage not in tasks:
+            tasks[stage] = progress.add_task(stage, total=total, item="")
+        progress.update(tasks[stage], completed=done, total=total, item=name)
+
+    return update
 
 
 def _add_aot_parser(commands) -> None:
@@ -94,8 +105,9 @@ def _add_aot_parser(commands) -> None:
                              "(with --check, proves they run without a compiler)")
     parser.add_argument("--check", action="store_true",
                         help="run every layer at batch 1 through the runtime, using the built "
-                             "library, compare with convgrad.reference bit for bit, and time "
-                             "it (median of --repeats calls after a warm-up)")
+                             "library, time it (median of --repeats calls after a warm-up; "
+                             "every layer before any reference runs) and compare with "
+                             "convgrad.reference bit for bit")
     parser.add_argument("--repeats", type=int, default=5,
                         help="timed calls per layer with --check (default: 5)")
     parser.add_argument("--threads", type=int, default=None,
@@ -163,16 +175,9 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               f"kernels on {threads} thread{'s' if threads > 1 else ''}", file=sys.stderr)
         started = time.perf_counter()
         with _progress() as progress:
-            tasks: dict[str, int] = {}
-
-            def tuned_step(stage: str, done: int, total: int, name: str) -> None:
-                if stage not in tasks:
-                    tasks[stage] = progress.add_task(stage, total=total, item="")
-                progress.update(tasks[stage], completed=done, total=total, item=name)
-
             try:
                 tuned = aot.tune(layers, isa=isa, jobs=args.jobs, threads=threads,
-                                 progress=tuned_step)
+                                 progress=_stages(progress))
             except ValueError as error:
                 parser.error(str(error))
         out.print(_table(["kernel", "tuned plan", "rules ms", "tuned ms", "gain"],
@@ -211,20 +216,17 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     os.environ["CONVGRAD_AOT_PATH"] = str(output)
     kernels.reset()
-    rng = np.random.default_rng(0)
-    rows, failures = [], 0
+    checked = [(config, layer) for config, users in configs.items() for layer in users]
     with _progress() as progress:
-        task = progress.add_task("checking", total=len(layers), item="")
-        for config, users in configs.items():
-            for layer in users:
-                progress.update(task, item=layer.name)
-                outcome = aot.check_layer(layer, rng, repeats=args.repeats, num_threads=threads)
-                failures += not (outcome["exact"] and outcome["origin"] == "aot")
-                compile_s = f"{seconds[config]:.2f}" if config in seconds else "-"
-                rows.append([layer.name, layer.op, compile_s, outcome["origin"],
-                             "exact" if outcome["exact"] else "MISMATCH",
-                             f"{outcome['ms']:.3f}", f"{outcome['gflops']:.1f}"])
-                progress.advance(task)
+        outcomes = aot.check_layers([layer for _, layer in checked], repeats=args.repeats,
+                                    num_threads=threads, progress=_stages(progress))
+    rows, failures = [], 0
+    for (config, layer), outcome in zip(checked, outcomes, strict=True):
+        failures += not (outcome["exact"] and outcome["origin"] == "aot")
+        compile_s = f"{seconds[config]:.2f}" if config in seconds else "-"
+        rows.append([layer.name, layer.op, compile_s, outcome["origin"],
+                     "exact" if outcome["exact"] else "MISMATCH",
+                     f"{outcome['ms']:.3f}", f"{outcome['gflops']:.1f}"])
     out.print(_table(["layer", "op", "compile s", "kernel from", "vs reference", "ms",
                       "GFLOP/s"], rows))
     out.print(f"ms and GFLOP/s: batch 1, {threads} thread{'s' if threads > 1 else ''}, the "

@@ -204,6 +204,47 @@ def test_aot_main_job_checks_resnet_layers(tmp_path):
     assert result.stdout.count("exact") >= 4
 
 
+def test_aot_check_times_no_kernel_while_blas_threads_may_run(tmp_path, monkeypatch, capsys):
+    """`aot --check` times every kernel before any numpy reference runs, and runs the
+    references with BLAS on one thread: a kernel timed among the spinning threads a
+    multithreaded BLAS call leaves behind read 10-20x slower on 2 cores."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from convgrad import cli
+
+    def blas_threads() -> list[int]:
+        return [info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"]
+
+    if not blas_threads():
+        pytest.skip("numpy's BLAS is not one threadpoolctl knows")
+    events = []
+    median_seconds, reference = aot.median_seconds, aot.reference
+
+    def timed(*args, **kwargs):
+        events.append(("time", blas_threads()))
+        return median_seconds(*args, **kwargs)
+
+    def referenced(*args, **kwargs):
+        events.append(("reference", blas_threads()))
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(aot, "median_seconds", timed)
+    monkeypatch.setattr(aot, "reference", referenced)
+    monkeypatch.setenv("CONVGRAD_AOT_PATH", "")  # --check sets it; restored after the test
+    shapes = tmp_path / "shapes"
+    shapes.write_text('mb2ic16ih9oc8oh9kh3ph1n"tiny:3x3"\n'
+                      'g1mb2ic8ih10iw10oc16oh5ow5kh1kw1sh2sw2ph0pw0n"tiny:1x1s2"\n')
+    try:
+        with threadpool_limits(limits=2, user_api="blas"):  # BLAS would use 2 threads
+            code = cli.main(["aot", str(shapes), "-o", str(tmp_path / "out"), "--check",
+                             "-j", "2", "--repeats", "2"])
+    finally:
+        kernels.reset()
+    assert code == 0 and "4 of 4 layers exact" in capsys.readouterr().out
+    assert [kind for kind, _ in events] == ["time"] * 4 + ["reference"] * 4
+    assert all(threads == [1] * len(threads) for kind, threads in events if kind == "reference")
+
+
 def test_aot_kernels_for_another_cpu_are_refused_clearly(tmp_path, monkeypatch):
     layer_file = tmp_path / "layers.json"
     layer_file.write_text(json.dumps(LAYERS[:1]))
