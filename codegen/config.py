@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, replace
 
 FAMILIES = ("fwd", "bwd_data", "bwd_weights")
 DATA_FORMATS = ("NXC", "NCX")
-WEIGHTS_FORMATS = ("OIX", "XIO")  # in the forward-convolution problem's terms
+# In the forward-convolution problem's terms: (O, I/g, k...), (k..., I/g, O), (O, k..., I/g)
+WEIGHTS_FORMATS = ("OIX", "XIO", "OXI")
 DTYPES = ("f32", "f16", "bf16")
 # ISA paths: the portable C path, then x86's and aarch64's, each list by capability.
 ISAS = ("portable", "avx2", "avx512", "avx512bf16", "neon", "sve256")

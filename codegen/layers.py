@@ -177,13 +177,17 @@ def conv_layers(conv: ConvShape, ops=DEFAULT_OPS, *, batch: int | None = None,
         spec = OPS[kind]
         fmt = weights_format or spec.weights_formats[1]
         if spec.transpose:  # ConvTranspose ops: the forward conv's dst is their src
-            fmt = {"OIX": "IOX", "XIO": "XOI"}.get(fmt, fmt)
+            fmt = {"OIX": "IOX", "XIO": "XOI", "OXI": "IXO"}.get(fmt, fmt)
         attrs = {"strides": list(conv.strides), "pads_begin": list(conv.pads_begin),
                  "pads_end": list(conv.pads_end), "dilations": list(conv.dilations),
                  "groups": g, "data_format": data_format, spec.weights_attr: fmt}
 
         def weights(o, i_g, fmt=fmt):
-            return (*conv.kernel, i_g, o) if fmt in ("XIO", "XOI") else (o, i_g, *conv.kernel)
+            if fmt in ("XIO", "XOI"):
+                return (*conv.kernel, i_g, o)
+            if fmt in ("OXI", "IXO"):
+                return (o, *conv.kernel, i_g)
+            return (o, i_g, *conv.kernel)
 
         if spec.family == "bwd_data":
             inputs = (data(oc, conv.dst), weights(oc, ic // g), tuple(conv.src))

@@ -75,8 +75,9 @@ class OpSpec:
         return tuple(names)
 
     @property
-    def weights_formats(self) -> tuple[str, str]:
-        return ("IOX", "XOI") if self.transpose else ("OIX", "XIO")
+    def weights_formats(self) -> tuple[str, str, str]:
+        """(torch's layout, the default, torch's channels_last layout)."""
+        return ("IOX", "XOI", "IXO") if self.transpose else ("OIX", "XIO", "OXI")
 
     @property
     def defaults(self) -> dict:
@@ -258,8 +259,9 @@ class _Layout:
         self.op = spec.kind
         self.rank = rank
         self.channels_last = attrs.data_format == "NXC"
-        # Weights in forward-problem terms: (O, I/g, k...) or (k..., I/g, O).
+        # Weights in forward-problem terms: (O, I/g, k...), (k..., I/g, O) or (O, k..., I/g).
         self.weights_spatial_first = attrs.weights_format in ("XIO", "XOI")
+        self.weights_spatial_inner = attrs.weights_format in ("OXI", "IXO")
 
     def split_data(self, name: str, shape: Sequence[int]) -> tuple[int, int, tuple[int, ...]]:
         if len(shape) != self.rank + 2:
@@ -282,6 +284,8 @@ class _Layout:
             _fail(self.op, f"{name} rank", len(shape), f"{self.rank + 2} (the data rank)")
         if self.weights_spatial_first:
             kernel, i_g, o = tuple(shape[:-2]), shape[-2], shape[-1]
+        elif self.weights_spatial_inner:
+            o, kernel, i_g = shape[0], tuple(shape[1:-1]), shape[-1]
         else:
             o, i_g, kernel = shape[0], shape[1], tuple(shape[2:])
         if 0 in shape:
@@ -289,7 +293,11 @@ class _Layout:
         return o, i_g, kernel
 
     def join_weights(self, o: int, i_g: int, kernel: Sequence[int]) -> tuple[int, ...]:
-        return (*kernel, i_g, o) if self.weights_spatial_first else (o, i_g, *kernel)
+        if self.weights_spatial_first:
+            return (*kernel, i_g, o)
+        if self.weights_spatial_inner:
+            return (o, *kernel, i_g)
+        return (o, i_g, *kernel)
 
 
 def _shape_value(op: str, name: str, value, rank: int) -> list[int]:
@@ -502,7 +510,10 @@ def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,
 
     if any(v > MAX_EXTENT for v in (*src, *dst, *out, n)):
         _fail(op, "shape", out, f"sizes at most {MAX_EXTENT}")
-    weights_format = {"IOX": "OIX", "XOI": "XIO"}.get(a.weights_format, a.weights_format)
+    weights_format = {"IOX": "OIX", "XOI": "XIO", "IXO": "OXI"}.get(a.weights_format,
+                                                                    a.weights_format)
+    if weights_format == "OXI" and all(k == 1 for k in kernel):
+        weights_format = "OIX"  # one tap: the same memory
     if swapped:  # [i'][o'] sums are the [o][i] weights
         weights_format = {"OIX": "XIO", "XIO": "OIX"}[weights_format]
     config = KernelConfig(

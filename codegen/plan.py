@@ -1338,14 +1338,14 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
         return {"amx": True, "amx_band_pixels": max(AMX_WEIGHT_MIN_BAND, pixels)}
     # how the weights repack: a pair of reduced channels is one 32-bit word of the user's
     # weights where the reduced channels are their contiguous axis (bwd_data XIO: [i][o],
-    # fwd OIX 1x1: [o][i]); the output channels are, in the other two 1x1 cases and fwd
-    # XIO; OIX with several taps has neither
+    # fwd OIX 1x1: [o][i], fwd OXI); the output channels are, in the other two 1x1 cases,
+    # fwd XIO and bwd_data OXI; OIX with several taps has neither
     one_tap = prod(config.kernel) == 1
-    if (config.family == "bwd_data") == (config.weights_format == "XIO") and (
-            one_tap or config.weights_format == "XIO"):
+    fmt, data = config.weights_format, config.family == "bwd_data"
+    if (fmt == "OXI" and not data) or data == (fmt == "XIO") and (one_tap or fmt == "XIO"):
         pack = "pairs"
     else:
-        pack = "rows" if one_tap or config.weights_format == "XIO" else "values"
+        pack = "rows" if one_tap or fmt in ("XIO", "OXI") else "values"
     return {"amx": True, "amx_pointwise": pointwise, "amx_pack": pack,
             "amx_band_pixels": AMX_BAND_PIXELS}
 

@@ -82,7 +82,7 @@ def _add_aot_parser(commands) -> None:
     parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
     parser.add_argument("--weights-format", default=None,
-                        choices=["OIX", "XIO"], help="(ConvTranspose ops use IOX/XOI)")
+                        choices=["OIX", "XIO", "OXI"], help="(ConvTranspose ops use IOX/XOI/IXO)")
     parser.add_argument("--batch", type=int, default=None,
                         help="batch of benchdnn and ONNX layers (default: the file's mb or "
                              "the model's batch; required for a symbolic ONNX batch)")

@@ -41,7 +41,8 @@ _OPS = {
 }
 OP_KINDS = tuple(_OPS)
 
-_CHANNELS_LAST_WEIGHTS = ("XIO", "XOI")
+_CHANNELS_LAST_WEIGHTS = ("XIO", "XOI")  # (k..., B, A)
+_CHANNELS_INNER_WEIGHTS = ("OXI", "IXO")  # (A, k..., B): torch's channels_last weights
 
 
 # ----------------------------------------------------------------------------
@@ -81,7 +82,7 @@ def _weights_format(op_kind, attrs):
     fmt = attrs.get(fmt_name, attrs.get(other))
     if fmt is None:
         fmt = "XOI" if transpose else "XIO"
-    allowed = ("IOX", "XOI") if transpose else ("OIX", "XIO")
+    allowed = ("IOX", "XOI", "IXO") if transpose else ("OIX", "XIO", "OXI")
     if fmt not in allowed:
         raise ValueError(f"{fmt_name}={fmt!r}: expected one of {allowed}")
     return fmt
@@ -121,10 +122,13 @@ def _make_data(n, c, spatial, data_format):
 
 
 def _split_weights(shape, fmt):
-    """(A, B, k) of a weights shape; (A, B) are (OC, IC/g) for OIX/XIO, (IC, OC/g) for IOX/XOI."""
+    """(A, B, k) of a weights shape; (A, B) are (OC, IC/g) for OIX/XIO/OXI, (IC, OC/g) for
+    IOX/XOI/IXO."""
     shape = tuple(int(v) for v in shape)
     if fmt in _CHANNELS_LAST_WEIGHTS:
         return shape[-1], shape[-2], shape[:-2]
+    if fmt in _CHANNELS_INNER_WEIGHTS:
+        return shape[0], shape[-1], shape[1:-1]
     return shape[0], shape[1], shape[2:]
 
 
@@ -133,6 +137,8 @@ def _make_weights(a, b, k, fmt):
     k = tuple(k)
     if fmt in _CHANNELS_LAST_WEIGHTS:
         return k + (b, a)
+    if fmt in _CHANNELS_INNER_WEIGHTS:
+        return (a,) + k + (b,)
     return (a, b) + k
 
 
@@ -310,10 +316,12 @@ def _data_from_canon(xc, data_format):
 
 
 def _weights_to_canon(w, fmt, groups):
-    """OIX/XIO/IOX/XOI weights -> (G, A/G, B, k...)."""
+    """Weights in any format -> (G, A/G, B, k...)."""
     if fmt in _CHANNELS_LAST_WEIGHTS:
         nsp = w.ndim - 2
         w = np.moveaxis(w, (nsp + 1, nsp), (0, 1))
+    elif fmt in _CHANNELS_INNER_WEIGHTS:  # (A, k..., B)
+        w = np.moveaxis(w, -1, 1)
     a, b = w.shape[:2]
     return w.reshape((groups, a // groups, b) + w.shape[2:])
 
@@ -325,6 +333,8 @@ def _weights_from_canon(wc, fmt):
     if fmt in _CHANNELS_LAST_WEIGHTS:
         nsp = w.ndim - 2
         w = np.moveaxis(w, (0, 1), (nsp + 1, nsp))
+    elif fmt in _CHANNELS_INNER_WEIGHTS:
+        w = np.moveaxis(w, 1, -1)
     return np.ascontiguousarray(w)
 
 

@@ -43,7 +43,10 @@ def _data_shape(n, c, spatial, data_format):
 
 
 def _weights_shape(a, b, kernel, fmt):
-    """(A, B, k) in the given format: OIX/IOX lead with A, XIO/XOI end with A."""
+    """(A, B, k) in the given format: OIX/IOX lead with A, B; XIO/XOI end with B, A;
+    OXI/IXO (torch's channels_last weights) are A, k, B."""
+    if fmt in ("OXI", "IXO"):
+        return (a, *kernel, b)
     return (a, b, *kernel) if fmt in ("OIX", "IOX") else (*kernel, b, a)
 
 

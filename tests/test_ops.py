@@ -58,11 +58,11 @@ GEOMETRY = {
 
 
 def _weights_formats(op):
-    return ("IOX", "XOI") if op in TRANSPOSE else ("OIX", "XIO")
+    return ("IOX", "XOI", "IXO") if op in TRANSPOSE else ("OIX", "XIO", "OXI")
 
 
-# Each (op, layout, dtype) runs both weights formats, alternating over the ranks.
-GRID = [(op, rank, df, _weights_formats(op)[(rank + i) % 2], dt)
+# Each (op, layout, dtype) runs the three weights formats, one on each rank.
+GRID = [(op, rank, df, _weights_formats(op)[(rank + i) % 3], dt)
         for op, rank, df, (i, dt) in
         itertools.product(OP_KINDS, (1, 2, 3), ("NXC", "NCX"), enumerate(DTYPES))]
 
@@ -246,6 +246,25 @@ def test_isa_paths_and_channel_tails(isa, op, in_channels, out_channels, data_fo
                      attrs=dict(strides=[2, 1], dilations=[1, 2], pads_begin=[1, 0],
                                 pads_end=[1, 1]))
     run_case(case)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", OP_KINDS)
+def test_channels_last_weights_on_every_path(isa, op, monkeypatch):
+    """torch's channels_last weights, (O, k..., I/g) = OXI (IXO for the ConvTranspose
+    ops), read and written in place on every ISA path: several vector blocks with channel
+    tails, grouped 3-D, depthwise; f32, bf16 and f16. (AMX: test_amx_tiles_*.)"""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    fmt = "IXO" if op in TRANSPOSE else "OXI"
+    for dtype, groups, channels, kernel, spatial, data_format in (
+            ("f32", 1, (37, 70), (3, 2), (7, 9), "NXC"),
+            ("bf16", 2, (6, 10), (2, 1, 3), (3, 4, 5), "NCX"),
+            ("f16", 24, (24, 24), (3, 3), (6, 5), "NXC")):
+        case = make_case(op, spatial=spatial, kernel=kernel, in_channels=channels[0],
+                         out_channels=channels[1], groups=groups, batch=2,
+                         data_format=data_format, weights_format=fmt, dtype=dtype,
+                         attrs=dict(pads_begin=1, pads_end=0))
+        run_case(case)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -606,7 +625,8 @@ def test_channels_first_pointwise_head_block(isa, op, spatial, channels):
 
 
 AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "OIX"),
-               ("ConvTransposeBackwardData", "IOX"), ("ConvTransposeBackwardData", "XOI")]
+               ("ConvolutionBackwardData", "OXI"), ("ConvTransposeBackwardData", "IOX"),
+               ("ConvTransposeBackwardData", "XOI"), ("ConvTransposeBackwardData", "IXO")]
 
 
 def test_amx_tiles_by_rule():
@@ -767,8 +787,10 @@ AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY,
 @pytest.mark.parametrize("geometry,op,weights_format,data_format", _amx_cases(
     AMX_WEIGHT_GEOMETRY, [("ConvolutionBackwardWeights", "XIO"),
                           ("ConvolutionBackwardWeights", "OIX"),
+                          ("ConvolutionBackwardWeights", "OXI"),
                           ("ConvTransposeBackwardWeights", "IOX"),
-                          ("ConvTransposeBackwardWeights", "XOI")]))
+                          ("ConvTransposeBackwardWeights", "XOI"),
+                          ("ConvTransposeBackwardWeights", "IXO")]))
 def test_amx_tiles_weights(isa, op, weights_format, data_format, geometry):
     """bf16 channels-last weight gradients with stride 1 (or 1x1) on AMX tiles, where the
     CPU has them: bands of whole images (one or several per band) or of rows ("tall", "many

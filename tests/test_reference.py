@@ -50,7 +50,8 @@ CONFIGS = [
     ("3d-g2-s2", 2, 4, 4, 2, (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1), (0, 0, 0), (5, 5, 5)),
     ("3d-dw-d2", 1, 3, 3, 3, (2, 2, 2), (1, 1, 1), (2, 2, 2), (1, 0, 1), (0, 1, 1), (4, 5, 3)),
 ]
-LAYOUTS = [("NCX", "first"), ("NXC", "first"), ("NCX", "last"), ("NXC", "last")]
+LAYOUTS = [("NCX", "first"), ("NXC", "first"), ("NCX", "last"), ("NXC", "last"),
+           ("NXC", "inner")]  # inner: torch's channels_last weights, OXI / IXO
 
 
 def _cfg(config):
@@ -82,20 +83,22 @@ def _data_out(t, data_format):
 
 
 def _weights_out(t, where):
-    """(A, B, k...) torch tensor -> numpy (A, B, k...) or (k..., B, A)."""
+    """(A, B, k...) torch tensor -> numpy (A, B, k...), (k..., B, A) or (A, k..., B)."""
     a = t.detach().numpy()
     if where == "last":
         nsp = a.ndim - 2
         return np.moveaxis(a, (0, 1), (nsp + 1, nsp)).copy()
+    if where == "inner":
+        return np.moveaxis(a, 1, -1).copy()
     return a.copy()
 
 
 def _conv_fmt(where):
-    return "OIX" if where == "first" else "XIO"
+    return {"first": "OIX", "last": "XIO", "inner": "OXI"}[where]
 
 
 def _convt_fmt(where):
-    return "IOX" if where == "first" else "XOI"
+    return {"first": "IOX", "last": "XOI", "inner": "IXO"}[where]
 
 
 def _full_data_shape(n, c, sp, data_format):

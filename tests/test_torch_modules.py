@@ -448,3 +448,35 @@ def test_converted_model_under_inductor_gives_the_same_results(kernel_calls):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
     assert {call[0] for call in kernel_calls} == {
         "ConvTransposeBackwardData", "ConvolutionBackwardData", "ConvolutionBackwardWeights"}
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+def test_channels_last_weights_are_read_and_written_in_place(kernel_calls, rank):
+    """A channels_last model's weights ((O, k..., I) in memory: OXI) reach the forward and
+    data-gradient kernels in place, and its weight gradient is written by the kernel in
+    the parameter's memory format, so autograd keeps it as the parameter's .grad: no
+    copy of either in the step (torch.profiler), and the results exact."""
+    fmt = torch.channels_last if rank == 2 else torch.channels_last_3d
+    generator = torch.Generator().manual_seed(3)
+    reference = (nn.Conv2d if rank == 2 else nn.Conv3d)(4, 6, 3, padding=1, bias=False)
+    with torch.no_grad():
+        reference.weight.copy_(sample(reference.weight.shape, generator, integers=True))
+    reference = reference.to(memory_format=fmt)
+    conv = copy.deepcopy(reference)
+    cgt.convert(conv)
+    x = sample((2, 4) + (5,) * rank, generator, integers=True).to(memory_format=fmt)
+    grad = sample((2, 6) + (5,) * rank, generator, integers=True).to(memory_format=fmt)
+    with torch.profiler.profile() as profile:
+        conv(x.requires_grad_()).backward(grad)
+    copies = [e for e in profile.events() if e.name == "aten::copy_"]
+    weight = conv.weight
+    by_kind = {call[0]: call for call in kernel_calls}
+    assert by_kind["ConvTransposeBackwardData"][1][1] == weight.data_ptr()  # forward
+    assert by_kind["ConvolutionBackwardData"][1][1] == weight.data_ptr()
+    assert by_kind["ConvolutionBackwardWeights"][2] == weight.grad.data_ptr()
+    assert weight.grad.is_contiguous(memory_format=fmt) and not weight.grad.is_contiguous()
+    assert copies == []
+    x_ref = x.detach().clone().requires_grad_()
+    reference(x_ref).backward(grad)
+    assert torch.equal(weight.grad, reference.weight.grad)
+    assert torch.equal(x.grad, x_ref.grad)

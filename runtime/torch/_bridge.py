@@ -97,7 +97,8 @@ def data_format(t: torch.Tensor, hint: torch.Tensor | None = None) -> str:
 
 
 def is_dense(t: torch.Tensor, fmt: str | None) -> bool:
-    """Whether the kernel reads `t` in place in layout `fmt` (None: weights, OIX/IOX)."""
+    """Whether the kernel reads `t` in place in layout `fmt` (NXC: channels last, also
+    weights stored (A, k..., B); NCX or None: contiguous)."""
     return _dense_nxc(t) if fmt == "NXC" else t.is_contiguous()
 
 
@@ -127,8 +128,28 @@ def new_data(shape: Sequence[int], fmt: str, like: torch.Tensor) -> torch.Tensor
     return torch.empty(list(shape), dtype=like.dtype, device=like.device)
 
 
-def new_weights(shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+def new_weights(shape: Sequence[int], like: torch.Tensor, inner: bool = False) -> torch.Tensor:
+    """An uninitialised weights tensor (A, B, k...): contiguous, or with `inner` stored
+    (A, k..., B) as torch's channels_last weights are."""
+    if inner:
+        rank = len(shape)
+        stored = torch.empty([shape[i] for i in _to_last(rank)], dtype=like.dtype,
+                             device=like.device)
+        return stored.permute(_to_first(rank))
     return torch.empty(list(shape), dtype=like.dtype, device=like.device)
+
+
+def weights_inner(t: torch.Tensor) -> bool:
+    """Whether weights (A, B, k...) are stored (A, k..., B) (torch's channels_last) and
+    not also contiguous (one tap: the same memory either way)."""
+    return not t.is_contiguous() and _dense_nxc(t)
+
+
+def inner_weight_results(fmt: str, rank: int) -> bool:
+    """Whether a weight gradient of data in layout `fmt` with `rank` dimensions is stored
+    (A, k..., B): channels_last data (4-D, 5-D) has channels_last parameters, as
+    `model.to(memory_format=torch.channels_last)` makes them (3-D tensors have none)."""
+    return fmt == "NXC" and rank >= 4
 
 
 def num_threads() -> int:

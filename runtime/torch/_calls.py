@@ -87,11 +87,24 @@ def result_shape(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilat
 
 
 def layouts(spec: OpSpec, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str | None]:
-    """(layout the kernel reads its data in, layout of the result or None for weights).
-    The first data input decides; where it is both (one channel or one pixel), the
-    second (the other data tensor, or channels_last weights) does."""
+    """(layout the kernel reads its data in, layout of the result: the data layout, or for
+    weights None (contiguous) or "NXC" (stored (A, k..., B), torch's channels_last)). The
+    first data input decides; where it is both (one channel or one pixel), the second
+    (the other data tensor, or channels_last weights) does."""
     fmt = _bridge.data_format(a, hint=b)
-    return fmt, (None if spec.family == "bwd_weights" else fmt)
+    if spec.family != "bwd_weights":
+        return fmt, fmt
+    return fmt, ("NXC" if _bridge.inner_weight_results(fmt, a.dim()) else None)
+
+
+def new_result(spec: OpSpec, shape, out_fmt: str | None, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialised result of `spec` in layout `out_fmt` (see layouts)."""
+    if spec.family == "bwd_weights":
+        return _bridge.new_weights(shape, like, inner=out_fmt == "NXC")
+    return _bridge.new_data(shape, out_fmt, like)
+
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 class _Call:
@@ -105,14 +118,19 @@ class _Call:
         out_shape = result_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
                                  groups, output_padding)
         fmt, out_fmt = layouts(spec, a, b)
-        out = (_bridge.new_weights(out_shape, a) if out_fmt is None
-               else _bridge.new_data(out_shape, out_fmt, a))
+        out = new_result(spec, out_shape, out_fmt, a)
         self.shape, self.strides = tuple(out.shape), out.stride()
         self.empty = out.numel() == 0
+        own, inner = spec.weights_formats[0], spec.weights_formats[2]
+        if spec.family == "bwd_weights":
+            b_fmt, weights_format = fmt, inner if out_fmt == "NXC" else own
+        elif _bridge.weights_inner(b):  # torch's channels_last weights, read in place
+            b_fmt, weights_format = "NXC", inner
+        else:
+            b_fmt, weights_format = None, own
         # an input whose memory is not the layout the kernel reads is made so first
         self.dense_a = None if _bridge.is_dense(a, fmt) else fmt
-        b_fmt = fmt if spec.family == "bwd_weights" else None
-        self.dense_b = False if _bridge.is_dense(b, b_fmt) else (b_fmt or "OIX")
+        self.dense_b = None if _bridge.is_dense(b, b_fmt) else (b_fmt or "OIX")
         self.bound = None
         if self.empty:
             return
@@ -122,12 +140,11 @@ class _Call:
             shape = list(shape)[-(a.dim() - 2):] if spec.family == "bwd_data" else list(shape)
         attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
                  "pads_end": list(pads_end), "dilations": list(dilations), "groups": groups,
-                 "data_format": fmt, spec.weights_attr: torch_weights_format(spec)}
+                 "data_format": fmt, spec.weights_attr: weights_format}
         if output_padding is not None:
             attrs["output_padding"] = list(output_padding)
-        dtype = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[a.dtype]
-        self.bound = bound.bind(spec.kind, a_shape, b_shape, dtype, attrs, shape,
-                                num_threads)
+        self.bound = bound.bind(spec.kind, a_shape, b_shape, _DTYPE_NAMES[a.dtype], attrs,
+                                shape, num_threads)
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         out = torch.empty_strided(self.shape, self.strides, dtype=a.dtype)

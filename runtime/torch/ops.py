@@ -52,9 +52,7 @@ def _fake(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations, g
     _bridge.check_pair(spec.kind, spec.inputs, a, b, fake=True)
     shape = result_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations, groups,
                          output_padding)
-    if spec.family == "bwd_weights":
-        return _bridge.new_weights(shape, a)
-    return _bridge.new_data(shape, _calls.layouts(spec, a, b)[1], a)
+    return _calls.new_result(spec, shape, _calls.layouts(spec, a, b)[1], a)
 
 
 def _define(spec: OpSpec):
