@@ -1,16 +1,21 @@
 """convgrad against PyTorch's CPU backward, side by side in one process.
 
-    python benchmarks/bench.py [--set resnet50|mobilenet_dw|dilated|1d|3d|resnext101|gconv|all]
-                               [--ops data,weights] [--threads 1,2] [--batch 8]
+    python benchmarks/bench.py [--set resnet50|mobilenet_v2|mobilenet_dw|dilated|1d|3d|
+                                      resnext101|gconv|all]
+                               [--ops data,weights,fwd,tweights] [--threads 1,2] [--batch 8]
                                [--dtype f32|bf16|f16] [--data-format NXC|NCX]
-                               [--weights-format OIX|XIO]
+                               [--weights-format OIX|XIO|OXI]
                                [--min-time 0.3] [--limit N] [--keep-cache] [--out DIR]
 
 Every benchdnn forward convolution of the chosen set becomes the layers of
-ConvolutionBackwardData ("data") and ConvolutionBackwardWeights ("weights"), built
-with convgrad.codegen.layers.conv_layers and run through convgrad.execute; PyTorch runs the
-same problem through torch.ops.aten.convolution_backward with the same dtype,
-memory layout and thread count. Each timing is the median of at least 3 calls
+ConvolutionBackwardData ("data"), ConvolutionBackwardWeights ("weights"),
+ConvTransposeBackwardData ("fwd": the forward convolution itself) and
+ConvTransposeBackwardWeights ("tweights": the weight gradient of the transposed
+convolution whose forward is this layer's backward data), built with
+convgrad.codegen.layers.conv_layers and run through convgrad.execute; PyTorch runs the
+same problem through torch.ops.aten.convolution_backward (torch.ops.aten.convolution
+for "fwd"; transposed=True for "tweights") with the same dtype, memory layout and
+thread count. Each timing is the median of at least 3 calls
 and at least --min-time seconds, the two libraries' calls interleaved. GFLOP/s
 count 2 x N x OC x IC/g x output pixels x kernel taps. The machine's f32 FMA peak
 per core is measured by a small generated C loop, and every row gives convgrad's
@@ -62,7 +67,8 @@ try:
 except ImportError:  # reported by main()
     torch = None
 
-OPS = {"data": "ConvolutionBackwardData", "weights": "ConvolutionBackwardWeights"}
+OPS = {"data": "ConvolutionBackwardData", "weights": "ConvolutionBackwardWeights",
+       "fwd": "ConvTransposeBackwardData", "tweights": "ConvTransposeBackwardWeights"}
 DTYPES = ("f32", "bf16", "f16")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 DEFAULT_SHAPES_DIR = ROOT.parent / "shared" / "benchdnn_conv_shapes"
@@ -72,6 +78,7 @@ DEFAULT_SHAPES_DIR = ROOT.parent / "shared" / "benchdnn_conv_shapes"
 # representative descriptors of oneDNN benchdnn's files in DEFAULT_SHAPES_DIR.
 SETS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "resnet50": ("shapes_resnet_50", None),
+    "mobilenet_v2": ("(inline)", None),
     "mobilenet_dw": ("shapes_mobilenet_dw", (
         "mobilenet:conv2_1/dw", "mobilenet:conv2_2/dw", "mobilenet:conv3_1/dw",
         "mobilenet:conv4_2/dw", "mobilenet:conv5_1/dw", "mobilenet:conv6/dw")),
@@ -95,6 +102,24 @@ SETS: dict[str, tuple[str, tuple[str, ...] | None]] = {
 }
 BUNDLED = {"resnet50"}
 
+# MobileNetV2's distinct layers at a 112x112 input (as benchmarks/models.py builds it):
+# the 1x1 expand and project layers (16-320 channels on 56x56 to 4x4) and the 3x3
+# depthwise layers (the stem and the last 1x1 too). Written here in benchdnn's syntax.
+INLINE = {"mobilenet_v2": " ".join(
+    f'mb8_g{g}ic{ic}oc{oc}_ih{i}oh{o}kh{k}sh{s}dh0ph{k // 2}_iw{i}ow{o}kw{k}sw{s}dw0pw{k // 2}'
+    f'_n"mobilenet_v2:{name}"' for name, g, ic, oc, i, o, k, s in (
+        ("stem", 1, 3, 32, 112, 56, 3, 2), ("dw32", 32, 32, 32, 56, 56, 3, 1),
+        ("pw32-16", 1, 32, 16, 56, 56, 1, 1), ("pw16-96", 1, 16, 96, 56, 56, 1, 1),
+        ("dw96s2", 96, 96, 96, 56, 28, 3, 2), ("pw96-24", 1, 96, 24, 28, 28, 1, 1),
+        ("pw24-144", 1, 24, 144, 28, 28, 1, 1), ("dw144", 144, 144, 144, 28, 28, 3, 1),
+        ("pw144-24", 1, 144, 24, 28, 28, 1, 1), ("dw144s2", 144, 144, 144, 28, 14, 3, 2),
+        ("pw144-32", 1, 144, 32, 14, 14, 1, 1), ("pw32-192", 1, 32, 192, 14, 14, 1, 1),
+        ("dw192", 192, 192, 192, 14, 14, 3, 1), ("pw192-32", 1, 192, 32, 14, 14, 1, 1),
+        ("pw64-384", 1, 64, 384, 7, 7, 1, 1), ("dw384", 384, 384, 384, 7, 7, 3, 1),
+        ("pw384-96", 1, 384, 96, 7, 7, 1, 1), ("dw576s2", 576, 576, 576, 7, 4, 3, 2),
+        ("pw160-960", 1, 160, 960, 4, 4, 1, 1), ("dw960", 960, 960, 960, 4, 4, 3, 1),
+        ("pw960-320", 1, 960, 320, 4, 4, 1, 1), ("pw320-1280", 1, 320, 1280, 4, 4, 1, 1)))}
+
 # The tiny problem of the call-overhead measurement: 1x1, N=1, 4x4, 16 channels.
 TINY = ConvShape(name="tiny", groups=1, batch=1, in_channels=16, out_channels=16,
                  src=(4, 4), dst=(4, 4), kernel=(1, 1), strides=(1, 1), pads_begin=(0, 0),
@@ -111,7 +136,9 @@ def load_set(name: str, shapes_dir: Path, limit: int | None,
     """The forward convolutions of a shape set (None when its file is missing), only
     those whose name contains one of `layers` when it is not empty."""
     file, selection = SETS[name]
-    if name in BUNDLED:
+    if name in INLINE:
+        text = INLINE[name]
+    elif name in BUNDLED:
         text = (resources.files("convgrad.codegen") / "data" / file).read_text()
     else:
         path = shapes_dir / file
@@ -170,11 +197,13 @@ def data_to_torch(array: np.ndarray, data_format: str, fmt: torch.memory_format
 
 def weights_to_torch(array: np.ndarray, weights_format: str, fmt: torch.memory_format
                      ) -> torch.Tensor:
-    """convgrad weights (OIX or XIO) as a PyTorch (O, I/g, *K) tensor."""
+    """convgrad weights (OIX, XIO or OXI) as a PyTorch (O, I/g, *K) tensor."""
     tensor = _from_numpy(array)
+    rank = array.ndim - 2
     if weights_format == "XIO":
-        rank = array.ndim - 2
         tensor = tensor.permute(rank + 1, rank, *range(rank))
+    elif weights_format == "OXI":
+        tensor = tensor.permute(0, rank + 1, *range(1, rank + 1))
     return tensor.contiguous(memory_format=fmt)
 
 
@@ -189,6 +218,8 @@ def weights_from_torch(tensor: torch.Tensor, weights_format: str) -> np.ndarray:
     """A PyTorch (O, I/g, *K) result as f32 numpy in convgrad's weights format."""
     if weights_format == "XIO":
         tensor = tensor.permute(*range(2, tensor.dim()), 1, 0)
+    elif weights_format == "OXI":
+        tensor = tensor.permute(0, *range(2, tensor.dim()), 1)
     return tensor.float().contiguous().numpy()
 
 
@@ -371,11 +402,10 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
     dtype = api.DTYPE_BY_NAME[args.dtype]
     a, b = (_aligned(rng.standard_normal(shape, dtype=np.float32).astype(dtype))
             for shape in layer.inputs[:2])
-    shape_input = list(layer.inputs[2])
+    inputs = [a, b, *([list(layer.inputs[2])] if len(layer.inputs) > 2 else [])]
 
     def ours(threads: int, tune: bool = False) -> np.ndarray:
-        return api.execute(layer.op, [a, b, shape_input], layer.attrs, num_threads=threads,
-                           tune=tune)
+        return api.execute(layer.op, inputs, layer.attrs, num_threads=threads, tune=tune)
 
     sized = replace(conv, batch=args.batch)
     rank = len(conv.kernel)
@@ -402,36 +432,61 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
         values = torch.randn(shape, generator=generator, dtype=torch.float32)
         return values.to(tdtype).contiguous(memory_format=fmt)
 
-    weights_format = layer.attrs["weights_format"]
+    weights_format = {"IOX": "OIX", "XOI": "XIO", "IXO": "OXI"}.get(
+        layer.attrs["weights_format"], layer.attrs["weights_format"])
     weight_shape = (conv.out_channels, conv.in_channels // g, *conv.kernel)
     src_shape = (n, conv.in_channels, *conv.src)
-    if op == "data":  # a: diff_dst, b: weights
+    strides, pads, dilations = list(conv.strides), list(conv.pads_begin), list(conv.dilations)
+    if op in ("data", "fwd"):  # data: a diff_dst, b weights; fwd: a src, b weights
+        weight = weights_to_torch(b, weights_format, fmt)
+        if op == "fwd":
+            source = data_to_torch(a, args.data_format, fmt)
+
+            def torch_call() -> object:
+                return torch.ops.aten.convolution(source, weight, None, strides, pads,
+                                                  dilations, False, [0] * rank, g)
+
+            return Case(layer, ours, None if args.no_torch else torch_call, row, (a, b))
         grad_output = random(grad_output_shape) if differs else data_to_torch(
             a, args.data_format, fmt)
-        weight = weights_to_torch(b, weights_format, fmt)
         source = random(src_shape)
-        mask, index = [True, False, False], 0
-    else:  # a: src, b: diff_dst
+        mask, index, transposed, extra = [True, False, False], 0, False, [0] * rank
+    elif op == "weights":  # a: src, b: diff_dst
         source = data_to_torch(a, args.data_format, fmt)
         grad_output = random(grad_output_shape) if differs else data_to_torch(
             b, args.data_format, fmt)
         weight = random(weight_shape)
-        mask, index = [False, True, False], 1
+        mask, index, transposed, extra = [False, True, False], 1, False, [0] * rank
+    else:  # tweights: a = the transposed convolution's src (this layer's dst), b its diff_dst
+        source = random(grad_output_shape) if differs else data_to_torch(
+            a, args.data_format, fmt)
+        grad_output = data_to_torch(b, args.data_format, fmt)
+        weight = random(weight_shape)
+        # the transposed convolution's output padding that gives back this layer's src
+        extra = [y - ((x - 1) * s - 2 * p + d * (k - 1) + 1) for y, x, s, p, d, k in zip(
+            conv.src, dst, conv.strides, conv.pads_begin, conv.dilations, conv.kernel,
+            strict=True)]
+        if any(not 0 <= e < max(s, d) for e, s, d in zip(extra, conv.strides, conv.dilations,
+                                                        strict=True)):
+            row.note = "torch: no transposed convolution gives src back; not run"
+            return Case(layer, ours, None, row, (a, b))
+        mask, index, transposed = [False, True, False], 1, True
 
     def torch_call() -> object:
         return torch.ops.aten.convolution_backward(
-            grad_output, source, weight, None, list(conv.strides), list(conv.pads_begin),
-            list(conv.dilations), False, [0] * rank, g, mask)[index]
+            grad_output, source, weight, None, strides, pads, dilations, transposed, extra,
+            g, mask)[index]
 
     return Case(layer, ours, None if args.no_torch else torch_call, row, (a, b))
 
 
 def compare(case: Case, ours: np.ndarray, theirs: torch.Tensor, data_format: str) -> float:
     """Largest |convgrad - PyTorch| relative to the largest |PyTorch| value."""
-    if case.template.op == "data":
+    if case.template.op in ("data", "fwd"):
         expected = data_from_torch(theirs, data_format)
     else:
-        expected = weights_from_torch(theirs, case.layer.attrs["weights_format"])
+        fmt = case.layer.attrs["weights_format"]
+        expected = weights_from_torch(theirs, {"XOI": "XIO", "IXO": "OXI"}.get(fmt, fmt))
     actual = ours.astype(np.float32)
     if actual.shape != expected.shape:
         return math.inf
@@ -731,16 +786,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="shape set (default resnet50)")
     parser.add_argument("--ops", default="data,weights",
                         help="comma-separated: data (ConvolutionBackwardData), weights "
-                             "(ConvolutionBackwardWeights); default data,weights")
+                             "(ConvolutionBackwardWeights), fwd (ConvTransposeBackwardData: "
+                             "the forward convolution), tweights "
+                             "(ConvTransposeBackwardWeights); default data,weights")
     parser.add_argument("--threads", type=_int_list, default=[1, 2],
                         help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--batch", type=int, default=8, help="batch, overrides mb (default 8)")
     parser.add_argument("--dtype", default="f32", choices=DTYPES)
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"],
                         help="NXC: PyTorch channels_last; NCX: contiguous (default NXC)")
-    parser.add_argument("--weights-format", default=None, choices=["OIX", "XIO"],
+    parser.add_argument("--weights-format", default=None, choices=["OIX", "XIO", "OXI"],
                         help="convgrad's weights layout: OIX is PyTorch's own (its "
-                             "[O][I][k...]), XIO the ops' default (default XIO)")
+                             "[O][I][k...]), OXI PyTorch's channels_last, XIO the ops' "
+                             "default (default XIO; IOX/XOI/IXO for the ConvTranspose ops)")
     parser.add_argument("--min-time", type=float, default=0.3,
                         help="seconds of calls per timing, at least 3 calls (default 0.3)")
     parser.add_argument("--rounds", type=int, default=1,
