@@ -36,8 +36,8 @@ def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
     assert row["memory_format"] == "channels_last" and row["frames"] == ""
     assert float(row["torch_ms"]) > 0 and float(row["convgrad_ms"]) > 0
     assert int(row["convgrad_steps"]) >= 3
-    # the same step of the same model: the loss and the weight gradients agree
-    assert float(row["loss_rel_diff"]) < 1e-5 and float(row["grad_rel_diff"]) < 1e-4
+    # the same step of the same model: both libraries' weight gradients near float64's
+    assert float(row["torch_grad_err"]) < 1e-4 and float(row["convgrad_grad_err"]) < 1e-4
     # one profiled step of each model: copies counted (the reference's include its
     # gradient accumulation and BatchNorm bookkeeping, so never none)
     assert int(row["torch_copies"]) > 0 and int(row["convgrad_copies"]) >= 0
