@@ -1438,6 +1438,11 @@ SLIDE_MAX_CHANNELS = 256
 # stream. 6.4 MB results gained 0-10% alone and lost up to 9% with their reader: the
 # threshold stays at 8 MB. (The 4-vector blocks cost avx2's res5a_branch2a and
 # res5a_branch1, 6.4 MB, 1-4% where they do not stream.)
+# The forward convolutions' 1x1 kernels (fwd, the same template) do not stream: their
+# result is the next layer's input, and without zeros they do enough multiply-adds per
+# value. Sapphire Rapids avx512, ResNet-50 NXC batch 8, pair ratios ordinary / streamed,
+# 1 / 2 threads: res3a_branch1 (1x1 s2, 256 -> 512, 12.8 MB) 1.27-1.28 / 1.30,
+# res2a_branch1 (64 -> 256 on 56x56, 25.7 MB) 1.05 / 1.02-1.03.
 LINE_FLOATS = 16
 STREAM_MIN_KB = 8192
 STREAM_VECTOR_BLOCK = {"avx2": 4}
@@ -1449,12 +1454,12 @@ def _may_stream(config: KernelConfig, plan: Mapping[str, int]) -> bool:
     channels-last, written in place, in whole cache lines of every pixel (channels a
     multiple of a line), with non-temporal stores (x86); depthwise or across-group
     kernels (whose sliding tiles, which store one vector of each pixel at a time, then
-    run only on results that do not stream), and 1x1 kernels of one group's channels
-    (direct.c.j2), with strides or on STREAM_STRIDE_1_LANES (see STREAM_MIN_KB)."""
+    run only on results that do not stream), and 1x1 backward-data kernels of one group's
+    channels (direct.c.j2), with strides or on STREAM_STRIDE_1_LANES (see STREAM_MIN_KB)."""
     across = config.depthwise or data_across_groups(config, plan)
     lines = (_lane_channels(config) if across else config.vector_channels) % LINE_FLOATS == 0
     zeros = config.family == "bwd_data" and any(s > 1 for s in config.strides)
-    pointwise = prod(config.kernel) == 1 and (
+    pointwise = prod(config.kernel) == 1 and config.family == "bwd_data" and (
         zeros or VECTOR_LANES[config.isa] in STREAM_STRIDE_1_LANES)
     return (config.family != "bwd_weights" and config.dtype == "f32"
             and (across or pointwise)
