@@ -1,7 +1,7 @@
 """convgrad against PyTorch's CPU backward, side by side in one process.
 
-    python benchmarks/bench.py [--set resnet50|mobilenet_v2|mobilenet_dw|dilated|1d|3d|
-                                      resnext101|gconv|all]
+    python benchmarks/bench.py [--set resnet50|resnet18_112|mobilenet_v2|mobilenet_dw|dilated|
+                                      1d|3d|resnext101|gconv|all]
                                [--ops data,weights,fwd,tweights] [--threads 1,2] [--batch 8]
                                [--dtype f32|bf16|f16] [--data-format NXC|NCX]
                                [--weights-format OIX|XIO|OXI]
@@ -79,6 +79,7 @@ DEFAULT_SHAPES_DIR = ROOT.parent / "shared" / "benchdnn_conv_shapes"
 SETS: dict[str, tuple[str, tuple[str, ...] | None]] = {
     "resnet50": ("shapes_resnet_50", None),
     "mobilenet_v2": ("(inline)", None),
+    "resnet18_112": ("(inline)", None),
     "mobilenet_dw": ("shapes_mobilenet_dw", (
         "mobilenet:conv2_1/dw", "mobilenet:conv2_2/dw", "mobilenet:conv3_1/dw",
         "mobilenet:conv4_2/dw", "mobilenet:conv5_1/dw", "mobilenet:conv6/dw")),
@@ -118,7 +119,17 @@ INLINE = {"mobilenet_v2": " ".join(
         ("pw64-384", 1, 64, 384, 7, 7, 1, 1), ("dw384", 384, 384, 384, 7, 7, 3, 1),
         ("pw384-96", 1, 384, 96, 7, 7, 1, 1), ("dw576s2", 576, 576, 576, 7, 4, 3, 2),
         ("pw160-960", 1, 160, 960, 4, 4, 1, 1), ("dw960", 960, 960, 960, 4, 4, 3, 1),
-        ("pw960-320", 1, 960, 320, 4, 4, 1, 1), ("pw320-1280", 1, 320, 1280, 4, 4, 1, 1)))}
+        ("pw960-320", 1, 960, 320, 4, 4, 1, 1), ("pw320-1280", 1, 320, 1280, 4, 4, 1, 1))),
+    # ResNet-18's distinct layers at a 112x112 input: half ImageNet's sizes (56 to 4)
+    "resnet18_112": " ".join(
+        f'mb8_g1ic{ic}oc{oc}_ih{i}oh{o}kh{k}sh{s}dh0ph{k // 2}_iw{i}ow{o}kw{k}sw{s}dw0pw{k // 2}'
+        f'_n"resnet18_112:{name}"' for name, ic, oc, i, o, k, s in (
+            ("conv1", 3, 64, 112, 56, 7, 2), ("l1", 64, 64, 28, 28, 3, 1),
+            ("l2s2", 64, 128, 28, 14, 3, 2), ("l2", 128, 128, 14, 14, 3, 1),
+            ("l2down", 64, 128, 28, 14, 1, 2), ("l3s2", 128, 256, 14, 7, 3, 2),
+            ("l3", 256, 256, 7, 7, 3, 1), ("l3down", 128, 256, 14, 7, 1, 2),
+            ("l4s2", 256, 512, 7, 4, 3, 2), ("l4", 512, 512, 4, 4, 3, 1),
+            ("l4down", 256, 512, 7, 4, 1, 2)))}
 
 # The tiny problem of the call-overhead measurement: 1x1, N=1, 4x4, 16 channels.
 TINY = ConvShape(name="tiny", groups=1, batch=1, in_channels=16, out_channels=16,
