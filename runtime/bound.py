@@ -98,7 +98,7 @@ _lock = threading.Lock()
 MAX_CALLS = 4096
 
 
-class _Unfrozen(Exception):
+class Unfrozen(Exception):
     pass
 
 
@@ -107,7 +107,7 @@ _TAG = object()  # starts every tagged value; no user value freezes to it
 
 def freeze(value):
     """A hashable stand-in for an attribute value, typed so that, e.g., strides=2.0 (an
-    error) never finds the entry of strides=2. Raises _Unfrozen for other values."""
+    error) never finds the entry of strides=2. Raises Unfrozen for other values."""
     kind = type(value)
     if kind is int or kind is str:  # the common case; bool and float are tagged below
         return value
@@ -118,15 +118,21 @@ def freeze(value):
                 *map(freeze, value.ravel().tolist()))
     if value is None or isinstance(value, bool | int | float | str | np.generic):
         return (_TAG, kind.__name__, value)
-    raise _Unfrozen
+    raise Unfrozen
 
 
-def _settings(num_threads: int | None, tune) -> tuple:
-    """What besides the call's arguments decides its kernel: the thread count, the
-    tuning mode and the ISA path (CONVGRAD_TUNE and CONVGRAD_ISA, read here)."""
-    environ = os.environ
-    return (freeze(num_threads), threads._default, freeze(tune), environ.get(tuning.ENV),
-            environ.get("CONVGRAD_ISA"))
+_environment: tuple | None = None  # (CONVGRAD_TUNE, CONVGRAD_ISA) as first read
+
+
+def settings_key() -> tuple:
+    """What besides a call's arguments decides its kernel: the default thread count
+    (convgrad.set_num_threads), the tuning mode and the ISA path. CONVGRAD_TUNE and
+    CONVGRAD_ISA are read once (reading them took a quarter of a tiny call's time); after
+    changing them in a running process, call convgrad.kernels.reset()."""
+    global _environment
+    if _environment is None:
+        _environment = (os.environ.get(tuning.ENV), os.environ.get("CONVGRAD_ISA"))
+    return threads._default, _environment
 
 
 def bind(kind: str, a_shape: tuple, b_shape: tuple, dtype: str, attrs: Mapping,
@@ -139,9 +145,9 @@ def bind(kind: str, a_shape: tuple, b_shape: tuple, dtype: str, attrs: Mapping,
     try:
         key = (kind, a_shape, b_shape, dtype, freeze(shape_input),
                tuple([(k, freeze(v)) for k, v in attrs.items()]),
-               _settings(num_threads, tune))
+               freeze(num_threads), freeze(tune), settings_key())
         call = _calls.get(key)
-    except (_Unfrozen, TypeError):  # unusual values: validated every time
+    except (Unfrozen, TypeError):  # unusual values: validated every time
         key, call = None, None
     if call is not None:
         return call
@@ -159,11 +165,26 @@ def bind(kind: str, a_shape: tuple, b_shape: tuple, dtype: str, attrs: Mapping,
     return call
 
 
+_reset_hooks: list = []
+
+
+def on_reset(hook) -> None:
+    """Calls `hook()` whenever reset() runs, and in a child made by fork: the front ends'
+    memos of bound calls (`dict.clear`: a hook takes no lock, which a fork may have left
+    held)."""
+    _reset_hooks.append(hook)
+
+
 def reset() -> None:
-    """Forgets every bound call."""
-    with _lock:
-        _calls.clear()
+    """Forgets every bound call, and reads the environment again at the next (also
+    run by convgrad.kernels.reset, and in a child made by fork: the thread count may
+    change there, convgrad.threads)."""
+    global _environment
+    _calls.clear()
+    _environment = None
+    for hook in _reset_hooks:
+        hook()
 
 
 kernels.on_reset(reset)
-os.register_at_fork(after_in_child=_calls.clear)
+os.register_at_fork(after_in_child=reset)

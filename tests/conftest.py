@@ -34,6 +34,35 @@ def pytest_report_header(config):
     return None
 
 
+@pytest.fixture(autouse=True)
+def _environment_reread_after_each_test():
+    """convgrad reads CONVGRAD_ISA and CONVGRAD_TUNE once (convgrad.bound.settings_key):
+    after each test (and after monkeypatch restored them, which this fixture, set up
+    first, follows) the next call reads them again."""
+    yield
+    from convgrad import bound
+
+    bound.reset()
+
+
+@pytest.fixture(autouse=True)
+def _environment_reread_when_set(_environment_reread_after_each_test, monkeypatch):
+    """A test's monkeypatch.setenv/delenv of any variable takes effect at once."""
+    from convgrad import bound
+
+    setenv, delenv = monkeypatch.setenv, monkeypatch.delenv
+
+    def set_and_reread(name, value, prepend=None):
+        setenv(name, value, prepend)
+        bound.reset()
+
+    def delete_and_reread(name, raising=True):
+        delenv(name, raising)
+        bound.reset()
+
+    monkeypatch.setenv, monkeypatch.delenv = set_and_reread, delete_and_reread
+
+
 @pytest.fixture
 def fresh_cache(tmp_path, monkeypatch):
     """An empty kernel cache of the test's own, and no kernel loaded in this process."""

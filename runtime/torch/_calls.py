@@ -10,7 +10,6 @@ calls the kernel on the tensors' own memory.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import torch
@@ -192,11 +191,4 @@ def execute(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_be
     return call(a, b)
 
 
-def reset() -> None:
-    """Forgets every resolved call."""
-    with _lock:
-        _calls.clear()
-
-
-bound.kernels.on_reset(reset)
-os.register_at_fork(after_in_child=_calls.clear)  # the thread count may change there
+bound.on_reset(_calls.clear)  # also in a forked child: the thread count may change there

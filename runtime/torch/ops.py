@@ -213,7 +213,7 @@ _profiling = torch._C._autograd._profiler_enabled
 
 def _eager(name: str, a, b, attrs: tuple) -> torch.Tensor:
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return _Op.apply(a, b, name, attrs)
+        return _apply(a, b, name, attrs)
     return _execute(name, a, b, attrs)
 
 
@@ -240,6 +240,13 @@ class _Op(torch.autograd.Function):
     def backward(ctx, grad):
         grad_a, grad_b = _BACKWARD[ctx.name](ctx, grad)[:2]
         return grad_a, grad_b, None, None
+
+
+# autograd.Function.apply without its Python wrapper (defaults binding and the unwrapping
+# of dead functorch wrappers, which plain tensors outside transforms never are): 4.1
+# instead of 5.9 us a call (Sapphire Rapids).
+_base_apply = getattr(torch._C._FunctionBase, "__dict__", {}).get("apply")
+_apply = _base_apply.__get__(None, _Op) if hasattr(_base_apply, "__get__") else _Op.apply
 
 
 _BACKWARD = {"convolution_backward_data": _backward_data,
