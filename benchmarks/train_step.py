@@ -48,8 +48,10 @@ import argparse
 import copy
 import csv
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -60,7 +62,9 @@ import torch
 from torch import nn
 
 import convgrad.torch as cgt
+from convgrad import background, kernels
 from convgrad.cpu import selected_isa
+from convgrad.torch import _calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import timed_pair  # noqa: E402  (the sibling benchmark's turn-taking timer)
@@ -87,7 +91,8 @@ class Row:
     convgrad_ms: float
     convgrad_steps: int
     ratio: float  # torch ms / convgrad ms
-    convgrad_first_step_ms: float  # compiles (or loads) the kernels
+    convgrad_first_step_ms: float  # loads the kernels, or runs torch's while they compile
+    switched_at_step: int  # the first step every convolution ran convgrad's kernel in
     # largest |g - g64| / max |g64| over the convolution weights' gradients of the first
     # step, g64 those of the same model and batch in float64
     torch_grad_err: float
@@ -109,6 +114,22 @@ def make_step(model: nn.Module, x: torch.Tensor, labels: torch.Tensor
 
 CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d,
                 nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
+def steps_until_switched(step: Callable[[], object], limit_seconds: float = 600.0) -> int:
+    """Steps run until one runs no convolution on PyTorch's stand-in (kernels compiling
+    in the background: convgrad.background); 0 if the first step already did not."""
+    steps, deadline = 0, time.monotonic() + limit_seconds
+    while _calls.standin_calls != _served_before(step) and time.monotonic() < deadline:
+        steps += 1
+    return steps
+
+
+def _served_before(step: Callable[[], object]) -> int:
+    """Runs `step` and returns the stand-in count from before it."""
+    served = _calls.standin_calls
+    step()
+    return served
 
 
 def count_copies(step: Callable[[], object]) -> int:
@@ -153,9 +174,14 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
     step_torch = make_step(reference, x, labels)
     step_ours = make_step(converted, x, labels)
 
+    if args.cold_cache:  # a new kernel cache for this row: the first step a new user sees
+        os.environ["CONVGRAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="convgrad-train-step-")
+        kernels.reset()
     begin = time.perf_counter()
     step_ours()
     first = time.perf_counter() - begin
+    switched = 1 + steps_until_switched(step_ours)
+    step_ours()
     step_torch()
     make_step(exact, x.to(torch.float64), labels)()
     # both models are in training mode: BatchNorm uses the batch statistics and updates
@@ -172,19 +198,20 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
     return Row(name, dtype_name, threads, shape[0], shape[-1],
                shape[2] if len(shape) == 5 else None, fmt_name,
                round(t_torch * 1e3, 3), n_torch, round(t_ours * 1e3, 3), n_ours,
-               round(t_torch / t_ours, 3), round(first * 1e3, 1), *errors,
+               round(t_torch / t_ours, 3), round(first * 1e3, 1), switched, *errors,
                copies_torch, copies_ours)
 
 
 def table(rows: list[Row]) -> str:
     header = (f"{'model':<16}{'dtype':<6}{'threads':>8}{'torch.nn ms':>13}{'convgrad ms':>13}"
-              f"{'ratio':>8}{'first step ms':>15}{'grad err torch/ours':>21}"
+              f"{'ratio':>8}{'first step ms':>15}{'switched':>10}{'grad err torch/ours':>21}"
               f"{'copies torch/ours':>19}")
     lines = [header, "-" * len(header)]
     for r in rows:
         copies = f"{r.torch_copies}/{r.convgrad_copies}"
         lines.append(f"{r.model:<16}{r.dtype:<6}{r.threads:>8}{r.torch_ms:>13.1f}"
                      f"{r.convgrad_ms:>13.1f}{r.ratio:>8.2f}{r.convgrad_first_step_ms:>15.0f}"
+                     f"{r.switched_at_step:>10}"
                      f"{f'{r.torch_grad_err:.1e}/{r.convgrad_grad_err:.1e}':>21}{copies:>19}")
     return "\n".join(lines)
 
@@ -223,6 +250,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="default channels_last (channels_last_3d for videos)")
     parser.add_argument("--min-time", type=float, default=3.0,
                         help="seconds of timed steps per model and setting (default 3)")
+    parser.add_argument("--cold-cache", action="store_true",
+                        help="each row starts from a new, empty kernel cache (the first "
+                             "step a new user sees)")
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed steps before timing, the first compiling (default 2)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -272,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(asdict(r) for r in rows)
     machine = {"cpu": _cpu(), "isa": selected_isa(), "torch": torch.__version__,
+               "compile_mode": background.mode(),
                "python": platform.python_version(), "platform": platform.platform(),
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     (args.out / "results.json").write_text(json.dumps(

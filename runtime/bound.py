@@ -50,13 +50,14 @@ class BoundCall:
     (tuned, compiled) by the first run."""
 
     __slots__ = ("problem", "config", "kernel", "dims", "threads", "workspace_bytes",
-                 "swap", "small_output", "_tune", "_arrays")
+                 "swap", "small_output", "failed", "_tune", "_arrays", "__weakref__")
 
     def __init__(self, problem: Problem, num_threads: int, tune: str, arrays=None):
         self.problem = problem
         self.config = problem.config.with_isa(selected_isa())
         self.threads = num_threads
         self.kernel = None
+        self.failed = False  # a background build of its kernel failed (convgrad.background)
         self._tune, self._arrays = tune, arrays
         self.dims = kernels.dims_of(problem, num_threads)  # read only by the kernels
         self.workspace_bytes = 0
@@ -65,15 +66,23 @@ class BoundCall:
         # a result of a few cache lines: finding a 64-byte boundary costs more than it saves
         self.small_output = math.prod(problem.output_shape) * itemsize <= SMALL_OUTPUT
 
-    def load(self) -> Kernel:
-        """The kernel (tuned first where the tuning mode asks, compiled if needed)."""
+    @property
+    def tunes(self) -> bool:
+        """Whether loading may time candidate plans (tuning on or reuse)."""
+        return self._tune != "off"
+
+    def load(self, build: bool = True) -> Kernel | None:
+        """The kernel (tuned first where the tuning mode asks, compiled if needed); with
+        `build=False` (and tuning off) None where it would have to be compiled."""
         if self.kernel is None:
             plan = tuning.plan_for(self.problem, self.config, self.threads, self._tune,
                                    self._arrays)
-            kernel = get_kernel(self.config, plan)
+            kernel = get_kernel(self.config, plan, build=build)
+            if kernel is None:
+                return None
             self.workspace_bytes = kernel.workspace_size(self.dims)
             self._arrays = None
-            self.kernel = kernel
+            self.kernel = kernel  # last: another thread may be reading it
         return self.kernel
 
     def run(self, first, second, out) -> None:

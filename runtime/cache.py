@@ -174,6 +174,18 @@ def build_jobs() -> int:
     return min(2, int(value))
 
 
+def find(config: KernelConfig, plan: Mapping[str, int] | None = None) -> Path | None:
+    """The kernel's valid cached library, without building one: this compiler's entry,
+    or without a compiler any compiler's; None if there is none."""
+    folder = cache_dir()
+    try:
+        target = library_path(config, folder, plan)
+    except CompilerNotFoundError:
+        found = cached_libraries(config, folder, plan)
+        return found[0] if found else None
+    return target if is_valid(target) else None
+
+
 def build(config: KernelConfig, plan: Mapping[str, int] | None = None) -> tuple[Path, bool]:
     """Path of the kernel's shared library (of `plan`, default the planner's rules),
     compiled first if the cache has no valid one, and whether this call compiled it."""

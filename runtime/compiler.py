@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -104,13 +105,29 @@ def archive(objects: list[Path], output: Path) -> None:
            *map(str, objects)]], objects)
 
 
+# Compiler processes under way: background builds end them at exit (terminate_running).
+_running: set[subprocess.Popen] = set()
+
+
+def terminate_running() -> None:
+    """Kills every compiler process this process started that is still running (their
+    builds fail; the cache publishes only whole entries)."""
+    for process in list(_running):
+        with contextlib.suppress(OSError):
+            process.kill()
+
+
 def _run(commands: list[list[str]], sources: list[Path]) -> None:
     """Runs the commands at once; a CompileError with the first failure's output."""
     compiler_identity()  # a clear error if there is no compiler
     running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for command in commands]
-    results = [(command, *process.communicate(), process.returncode)
-               for command, process in zip(commands, running, strict=True)]
+    _running.update(running)
+    try:
+        results = [(command, *process.communicate(), process.returncode)
+                   for command, process in zip(commands, running, strict=True)]
+    finally:
+        _running.difference_update(running)
     for command, _, stderr, returncode in results:
         if returncode != 0:
             raise CompileError(

@@ -32,6 +32,7 @@ ffi.cdef(render_dims_declaration())  # the struct exactly as the kernels declare
 _lock = threading.RLock()
 _declared: set[str] = set()
 _loaded: dict[tuple[KernelConfig, str | None], Kernel] = {}
+_loading: dict[tuple[KernelConfig, str | None], threading.Lock] = {}
 _libraries: dict[Path, object] = {}
 
 
@@ -129,12 +130,24 @@ def _read_manifests() -> dict[KernelConfig, tuple[Path, str, dict]]:
 def _aot_kernel(config: KernelConfig) -> tuple[Path, str, dict] | None:
     global _aot_index, _aot_index_path
     path = aot_search_path()
-    if _aot_index is None or path != _aot_index_path:
-        _aot_index, _aot_index_path = _read_manifests(), path
-    return _aot_index.get(config)
+    with _lock:
+        if _aot_index is None or path != _aot_index_path:
+            _aot_index, _aot_index_path = _read_manifests(), path
+        return _aot_index.get(config)
 
 
 _reset_hooks: list = []
+
+
+def _after_fork_in_child() -> None:
+    """A lock held by another thread of the parent (a build in the background) stays
+    held in the child, whose copy of that thread does not exist: new locks."""
+    global _lock
+    _lock = threading.RLock()
+    _loading.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def on_reset(hook) -> None:
@@ -158,25 +171,30 @@ def _plan_key(items: tuple) -> str:
     return plan_key(dict(items))
 
 
-def get_kernel(config: KernelConfig, plan: Mapping[str, int] | None = None) -> Kernel:
+def get_kernel(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
+               build: bool = True) -> Kernel | None:
     """The kernel for `config`: already loaded, from an AOT build, or from the disk
     cache (compiled there first if needed). An AOT kernel for a lesser ISA this CPU
     runs is taken before compiling. `plan` None takes the AOT kernel whatever its plan
     (a tuned build's), else the planner's rules for this CPU (vendor_plan); a given plan
-    ({} for the rules on any CPU) takes exactly that one."""
+    ({} for the rules on any CPU) takes exactly that one. With `build=False`, None where
+    the kernel would have to be compiled first."""
     key = (config, None if plan is None else _plan_key(tuple(sorted(plan.items()))))
     kernel = _loaded.get(key)
     if kernel is not None:
         return kernel
-    with _lock:
+    with _lock:  # one loader per kernel; others go on (a build in the background)
+        loading = _loading.setdefault(key, threading.Lock())
+    with loading:
         kernel = _loaded.get(key)
         if kernel is None:
-            kernel = _load(config, None if plan is None else check_plan(plan))
-            _loaded[key] = kernel
+            kernel = _load(config, None if plan is None else check_plan(plan), build)
+            if kernel is not None:
+                _loaded[key] = kernel
         return kernel
 
 
-def _load(config: KernelConfig, plan: dict | None) -> Kernel:
+def _load(config: KernelConfig, plan: dict | None, build: bool = True) -> Kernel | None:
     isas = available_isas()
     for isa in isas[isas.index(config.isa):] if config.isa in isas else [config.isa]:
         found = _aot_kernel(config.with_isa(isa))
@@ -186,6 +204,10 @@ def _load(config: KernelConfig, plan: dict | None) -> Kernel:
             return Kernel(config.with_isa(isa), *_bind(name, library), "aot", library, aot_plan)
     if plan is None:
         plan = vendor_plan(config, cpu_vendor(), cpu_features())
+    if not build:
+        path = cache.find(config, plan)
+        return None if path is None else Kernel(
+            config, *_bind(kernel_name(config, plan), path), "cache", path, plan)
     try:
         path, compiled = cache.build(config, plan)
     except CompilerNotFoundError as error:

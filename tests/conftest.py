@@ -12,6 +12,9 @@ os.environ["CONVGRAD_AOT_PATH"] = ""
 # Two test workers keep both cores compiling: a kernel compiled in two parts at once
 # would only add CPU time. test_cache.py builds kernels in two parts.
 os.environ.setdefault("CONVGRAD_BUILD_JOBS", "1")
+# convgrad.torch's calls wait for their kernels (tests that check which kernel ran);
+# tests/test_torch_background.py sets background compilation itself.
+os.environ.setdefault("CONVGRAD_COMPILE", "block")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -357,3 +357,23 @@ def test_fake_shape_rules_agree_with_infer_shape():
                     (spec.kind, tuple(a.shape), tuple(b.shape), args)
                 checked += 1
     assert checked > 500
+
+
+def test_the_torch_ops_are_the_op_table():
+    """convgrad.torch registers exactly the ops of the one op table the numpy API reads
+    (convgrad.codegen.OPS): an op per function name, with the table's input and shape
+    names, and the same table entries; an entry added to either side alone fails here."""
+    import convgrad
+    from convgrad.codegen import OPS as TABLE
+    from convgrad.torch import _calls
+
+    assert set(OPS) == {spec.function for spec in TABLE.values()}
+    for spec in TABLE.values():
+        assert _calls.SPECS[spec.function] is spec
+        schema = getattr(torch.ops.convgrad, spec.function).default._schema
+        names = [argument.name for argument in schema.arguments]
+        assert names[:2] == list(spec.inputs), spec.kind
+        assert (spec.shape_name in names) == (spec.shape_name is not None), spec.kind
+        assert ("output_padding" in names) == (spec.family == "bwd_data"), spec.kind
+        assert getattr(cgt, spec.function).__name__ == spec.function
+        assert getattr(convgrad, spec.function).__name__ == spec.function

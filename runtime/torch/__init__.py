@@ -10,6 +10,10 @@
   kernels for the forward pass, the data gradient and the weight gradient.
 - `convert(model)`: swaps every supported convolution of a model in place and reports
   what it left alone and why.
+- `compile_kernels(model, *example_inputs)`: builds a step's kernels at once, before it.
+- Kernels not built yet: the call runs on PyTorch's own operator while the kernel
+  compiles in the background (CONVGRAD_COMPILE=background, the default here), or waits
+  for it (`block`); `set_compile_mode` sets it in-process.
 """
 
 try:
@@ -23,6 +27,7 @@ if not hasattr(torch.library, "custom_op"):  # pragma: no cover
                       f"tested with 2.13.0); this is PyTorch {torch.__version__}: "
                       "`pip install convgrad[torch]`")
 
+from convgrad.background import set_mode as set_compile_mode  # noqa: E402
 from convgrad.torch import functional, ops  # noqa: E402
 from convgrad.torch.modules import (  # noqa: E402
     Conv1d,
@@ -43,6 +48,7 @@ from convgrad.torch.ops import (  # noqa: E402
     convolution_backward_data,
     convolution_backward_weights,
 )
+from convgrad.torch.warmup import compile_kernels  # noqa: E402
 
 __all__ = [
     "OPS",
@@ -53,6 +59,7 @@ __all__ = [
     "ConvTranspose1d",
     "ConvTranspose2d",
     "ConvTranspose3d",
+    "compile_kernels",
     "conv_transpose_backward_data",
     "conv_transpose_backward_weights",
     "convert",
@@ -62,4 +69,5 @@ __all__ = [
     "convolution_backward_weights",
     "functional",
     "ops",
+    "set_compile_mode",
 ]

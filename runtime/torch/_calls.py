@@ -10,16 +10,17 @@ calls the kernel on the tensors' own memory.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
 
 import convgrad
-from convgrad import bound, threads
+from convgrad import background, bound, threads
 from convgrad.codegen import OPS as _KINDS
 from convgrad.codegen.ops import OpSpec
 from convgrad.kernels import ffi
-from convgrad.torch import _bridge
+from convgrad.torch import _bridge, _standin
 
 SPECS: dict[str, OpSpec] = {spec.function: spec for spec in _KINDS.values()}
 
@@ -106,10 +107,29 @@ def new_result(spec: OpSpec, shape, out_fmt: str | None, like: torch.Tensor) -> 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
+# Calls PyTorch's operators served while their kernels were not ready (convgrad.background)
+standin_calls = 0
+_collector: list | None = None  # compile_kernels: the bound calls a pass asks for
+
+
+@contextlib.contextmanager
+def collecting():
+    """Within: every call whose kernel is not ready runs on PyTorch's operator and asks
+    for its kernel in the background, whatever the compile mode; yields the list of the
+    bound calls asked for."""
+    global _collector
+    previous, _collector = _collector, []
+    try:
+        yield _collector
+    finally:
+        _collector = previous
+
+
 class _Call:
     """One resolved configuration of an op on tensors."""
 
-    __slots__ = ("bound", "shape", "strides", "empty", "dense_a", "dense_b")
+    __slots__ = ("bound", "shape", "strides", "empty", "dense_a", "dense_b", "requested",
+                 "standin")
 
     def __init__(self, spec: OpSpec, a: torch.Tensor, b: torch.Tensor, shape, strides,
                  pads_begin, pads_end, dilations, groups, output_padding, num_threads):
@@ -131,6 +151,9 @@ class _Call:
         self.dense_a = None if _bridge.is_dense(a, fmt) else fmt
         self.dense_b = None if _bridge.is_dense(b, b_fmt) else (b_fmt or "OIX")
         self.bound = None
+        self.requested = False  # its kernel was asked for in the background
+        self.standin = (spec, shape, strides, pads_begin, pads_end, dilations, groups,
+                        output_padding)
         if self.empty:
             return
         a_shape = _bridge.kernel_shape(a, fmt)
@@ -145,9 +168,35 @@ class _Call:
         self.bound = bound.bind(spec.kind, a_shape, b_shape, _DTYPE_NAMES[a.dtype], attrs,
                                 shape, num_threads)
 
+    def ready(self) -> bool:
+        """Whether the kernel is loaded (loading it first in block mode, or where it is
+        in memory, an AOT folder or the disk cache); else asks for it in the background
+        once."""
+        bound = self.bound
+        if bound.kernel is not None:
+            return True
+        if bound.failed or self.requested:
+            return False
+        if _collector is None and (background.mode() == "block" or bound.tunes):
+            bound.load()
+            return True
+        if bound.load(build=False) is not None:
+            return True
+        self.requested = True
+        if _collector is not None:
+            _collector.append(bound)
+        background.submit(bound)
+        return False
+
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        global standin_calls
         out = torch.empty_strided(self.shape, self.strides, dtype=a.dtype)
         if self.empty:
+            return out
+        if self.bound.kernel is None and not self.ready():
+            standin_calls += 1
+            spec, *args = self.standin
+            _standin.compute(spec, out, a, b, *args)
             return out
         if self.dense_a:
             a = _bridge.dense(a, self.dense_a)

@@ -1,0 +1,182 @@
+"""Kernels compiled in the background while something else serves their calls.
+
+`convgrad.torch` runs a call whose kernel is not ready (not loaded, not in an AOT
+folder, not in the disk cache) on PyTorch's own operator and asks for the kernel here:
+a few daemon threads take the requests in order and load each kernel (rendering and
+compiling it into the disk cache, in a compiler process of its own). Later calls find
+it loaded and run it. The mode is CONVGRAD_COMPILE: `background` (convgrad.torch's
+default) or `block` (compile before the call returns, as the numpy API always does;
+for benchmarks and AOT builds); `convgrad.torch.set_compile_mode` overrides it.
+
+Faults stay with the build: a kernel that fails to compile (no compiler, an error, a
+full disk) is logged once as a warning and its calls keep the stand-in. The threads
+are daemons, so exit never waits for a build (a compiler process already running
+finishes on its own; the cache publishes only whole entries). A child made by fork
+has no threads of its parent: its requests start new ones.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Iterable
+
+from convgrad import compiler
+
+log = logging.getLogger("convgrad")
+
+MODES = ("background", "block")
+ENV = "CONVGRAD_COMPILE"
+_override: str | None = None
+
+
+def set_mode(mode: str | None) -> None:
+    """Sets the compile mode of convgrad.torch's calls ("background" or "block"); None
+    returns to CONVGRAD_COMPILE (default background)."""
+    global _override
+    if mode is not None and mode not in MODES:
+        raise ValueError(f"compile mode {mode!r} is invalid; expected one of {list(MODES)}")
+    _override = mode
+
+
+def mode() -> str:
+    """The compile mode in force: set_mode's, else CONVGRAD_COMPILE's, else background."""
+    if _override is not None:
+        return _override
+    value = os.environ.get(ENV, "").strip().lower() or "background"
+    if value not in MODES:
+        raise ValueError(f"{ENV}={value!r} is invalid; expected one of {list(MODES)}")
+    return value
+
+
+def workers() -> int:
+    """Build threads: the cores this process may use (each runs one compiler)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.done = threading.Condition(self.lock)
+        self.pending: set = set()
+        self.threads: list[threading.Thread] = []
+
+    def submit(self, call) -> None:
+        with self.lock:
+            if call in self.pending:
+                return
+            self.pending.add(call)
+            if len(self.threads) < workers():
+                thread = threading.Thread(target=self._work, name="convgrad-build",
+                                          daemon=True)
+                thread.start()
+                self.threads.append(thread)
+        self.queue.put(call)
+
+    def _work(self) -> None:
+        while True:
+            call = self.queue.get()
+            try:
+                call.load()
+            except Exception as error:  # noqa: BLE001 - reported; the stand-in stays
+                _failed(call, error)
+            finally:
+                with self.lock:
+                    self.pending.discard(call)
+                    self.done.notify_all()
+
+
+_pool: _Pool | None = None
+_pool_lock = threading.Lock()
+_warned: set[str] = set()
+_stopping = False
+failures: dict[str, str] = {}  # kernel name -> why its build failed
+
+
+def _failed(call, error: BaseException) -> None:
+    call.failed = True
+    if _stopping:  # the compilers were ended at exit
+        return
+    name = call.config.name
+    failures[name] = f"{type(error).__name__}: {error}"
+    if name not in _warned:
+        _warned.add(name)
+        message = (f"convgrad: building kernel {name} in the background failed "
+                   f"({failures[name]}); its calls keep running on PyTorch's operator")
+        log.warning(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=1)
+
+
+def submit(call) -> None:
+    """Asks for `call`'s kernel (a convgrad.bound.BoundCall) to be loaded in the
+    background, once."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = _Pool()
+    _pool.submit(call)
+
+
+def pending() -> int:
+    """Requested kernels not loaded yet."""
+    pool = _pool
+    return len(pool.pending) if pool is not None else 0
+
+
+def wait(calls: Iterable, progress: bool = False, timeout: float | None = None) -> bool:
+    """Blocks until each of `calls` has its kernel loaded or failed (True), or `timeout`
+    seconds passed (False); a rich progress bar on the terminal with `progress`."""
+    calls = list(calls)
+    for call in calls:
+        if call.kernel is None and not call.failed:
+            submit(call)
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def left() -> int:
+        return sum(call.kernel is None and not call.failed for call in calls)
+
+    bar = None
+    if progress and calls:
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        bar.start()
+        task = bar.add_task("convgrad: compiling kernels", total=len(calls))
+    try:
+        pool = _pool
+        while (remaining := left()) and pool is not None:
+            if bar is not None:
+                bar.update(task, completed=len(calls) - remaining)
+            with pool.lock:
+                pool.done.wait(timeout=0.25)
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+        return True
+    finally:
+        if bar is not None:
+            bar.stop()
+
+
+def _forget_after_fork() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+def _stop() -> None:
+    """At exit: the build threads are daemons; their compiler processes are ended."""
+    global _stopping
+    _stopping = True
+    compiler.terminate_running()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+atexit.register(_stop)
