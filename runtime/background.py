@@ -18,9 +18,13 @@ has no threads of its parent: its requests start new ones.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
 import logging
 import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -86,13 +90,67 @@ class _Pool:
         while True:
             call = self.queue.get()
             try:
-                call.load()
+                if not call.tunes:  # tuning times plans here, in this process
+                    _build_elsewhere(call.config)
+                call.load()  # from the disk cache, which the build filled
             except Exception as error:  # noqa: BLE001 - reported; the stand-in stays
                 _failed(call, error)
             finally:
                 with self.lock:
                     self.pending.discard(call)
                     self.done.notify_all()
+
+
+# Rendering a kernel is Python: in a thread of this process it would hold the GIL for
+# ~0.1 s a kernel, which a training step's Python then waits for (a ResNet-50's first
+# step took 8 s with its 68 kernels rendering beside it). So each build thread has a
+# worker process of its own (convgrad.build_worker: a plain `python -m`, which neither
+# forks this process's threads nor imports the user's program, as multiprocessing's
+# spawn would), told the settings that decide what it builds and where.
+_SETTINGS = ("CC", "PATH", "CONVGRAD_CACHE_DIR", "XDG_CACHE_HOME", "CONVGRAD_CFLAGS",
+             "CONVGRAD_TARGET", "CONVGRAD_SANITIZE", "CONVGRAD_BUILD_JOBS", "CONVGRAD_ISA",
+             "CONVGRAD_AOT_PATH")
+_workers = threading.local()  # each build thread's worker process
+_all_workers: set[subprocess.Popen] = set()
+
+
+class BuildError(RuntimeError):
+    """A worker process could not build a kernel (its error, or its death)."""
+
+
+def _worker() -> subprocess.Popen:
+    process = getattr(_workers, "process", None)
+    if process is None or process.poll() is not None:
+        process = subprocess.Popen([sys.executable, "-m", "convgrad.build_worker"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   text=True)
+        _workers.process = process
+        _all_workers.add(process)
+    return process
+
+
+def _build_elsewhere(config) -> None:
+    """Builds `config`'s kernel into the disk cache in this thread's worker process."""
+    process = _worker()
+    request = {"config": config.to_dict(),
+               "settings": {name: os.environ.get(name) for name in _SETTINGS}}
+    try:
+        process.stdin.write(json.dumps(request) + "\n")
+        process.stdin.flush()
+        line = process.stdout.readline()
+    except OSError as error:
+        line = ""
+        cause = error
+    else:
+        cause = None
+    if not line:
+        _all_workers.discard(process)
+        process.kill()
+        raise BuildError(f"the build worker process ended (exit status {process.wait()})"
+                         ) from cause
+    answer = json.loads(line)
+    if "error" in answer:
+        raise BuildError(answer["error"])
 
 
 _pool: _Pool | None = None
@@ -172,11 +230,22 @@ def _forget_after_fork() -> None:
 
 
 def _stop() -> None:
-    """At exit: the build threads are daemons; their compiler processes are ended."""
+    """At exit: the build threads are daemons; the worker processes (and their
+    compilers) are ended, queued builds dropped."""
     global _stopping
     _stopping = True
     compiler.terminate_running()
+    for process in list(_all_workers):
+        with contextlib.suppress(OSError):
+            process.kill()
+
+
+def _forget_processes_after_fork() -> None:
+    global _workers
+    _workers = threading.local()  # the parent's workers: not this child's
+    _all_workers.clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
+os.register_at_fork(after_in_child=_forget_processes_after_fork)
 atexit.register(_stop)
