@@ -121,6 +121,7 @@ class BuildError(RuntimeError):
 def _worker() -> subprocess.Popen:
     process = getattr(_workers, "process", None)
     if process is None or process.poll() is not None:
+        _all_workers.discard(process)
         process = subprocess.Popen([sys.executable, "-m", "convgrad.build_worker"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    text=True)
@@ -225,8 +226,11 @@ def wait(calls: Iterable, progress: bool = False, timeout: float | None = None) 
 
 
 def _forget_after_fork() -> None:
-    global _pool, _pool_lock
+    """The parent's build threads, locks and worker processes are not this child's."""
+    global _pool, _pool_lock, _workers
     _pool, _pool_lock = None, threading.Lock()
+    _workers = threading.local()
+    _all_workers.clear()
 
 
 def _stop() -> None:
@@ -240,12 +244,5 @@ def _stop() -> None:
             process.kill()
 
 
-def _forget_processes_after_fork() -> None:
-    global _workers
-    _workers = threading.local()  # the parent's workers: not this child's
-    _all_workers.clear()
-
-
 os.register_at_fork(after_in_child=_forget_after_fork)
-os.register_at_fork(after_in_child=_forget_processes_after_fork)
 atexit.register(_stop)

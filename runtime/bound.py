@@ -50,7 +50,7 @@ class BoundCall:
     (tuned, compiled) by the first run."""
 
     __slots__ = ("problem", "config", "kernel", "dims", "threads", "workspace_bytes",
-                 "swap", "small_output", "failed", "_tune", "_arrays", "__weakref__")
+                 "swap", "small_output", "failed", "_tune", "_arrays")
 
     def __init__(self, problem: Problem, num_threads: int, tune: str, arrays=None):
         self.problem = problem

@@ -175,15 +175,30 @@ def build_jobs() -> int:
 
 
 def find(config: KernelConfig, plan: Mapping[str, int] | None = None) -> Path | None:
-    """The kernel's valid cached library, without building one: this compiler's entry,
-    or without a compiler any compiler's; None if there is none."""
-    folder = cache_dir()
+    """The kernel's valid cached library, without building one (None if there is none),
+    marked as used."""
+    return _cached(config, cache_dir(), plan)
+
+
+def _cached(config: KernelConfig, folder: Path,
+            plan: Mapping[str, int] | None) -> Path | None:
+    """This compiler's valid entry of the kernel in `folder`, or with no compiler any
+    compiler's (the first by name), marked as used; None if there is none."""
+    name = kernel_name(config, plan)
     try:
         target = library_path(config, folder, plan)
     except CompilerNotFoundError:
         found = cached_libraries(config, folder, plan)
-        return found[0] if found else None
-    return target if is_valid(target) else None
+        if not found:
+            return None
+        log.debug("%s: no compiler; using cached %s", name, found[0])
+        target = found[0]
+    else:
+        if not is_valid(target):
+            return None
+        log.debug("%s: found in cache %s", name, target)
+    _touch(target)
+    return target
 
 
 def build(config: KernelConfig, plan: Mapping[str, int] | None = None) -> tuple[Path, bool]:
@@ -200,20 +215,11 @@ def build(config: KernelConfig, plan: Mapping[str, int] | None = None) -> tuple[
 
 def _build_in(config: KernelConfig, folder: Path,
               plan: Mapping[str, int] | None) -> tuple[Path, bool]:
+    found = _cached(config, folder, plan)
+    if found is not None:
+        return found, False
     name = kernel_name(config, plan)
-    try:
-        target = library_path(config, folder, plan)
-    except CompilerNotFoundError:
-        found = cached_libraries(config, folder, plan)
-        if not found:
-            raise
-        log.debug("%s: no compiler; using cached %s", name, found[0])
-        _touch(found[0])
-        return found[0], False
-    if is_valid(target):
-        log.debug("%s: found in cache %s", name, target)
-        _touch(target)
-        return target, False
+    target = library_path(config, folder, plan)  # CompilerNotFoundError: nothing to use
     with FileLock(target.with_suffix(".lock")):
         if is_valid(target):  # another process built it meanwhile
             return target, False

@@ -16,7 +16,7 @@ import threading
 import torch
 
 import convgrad
-from convgrad import background, bound, threads
+from convgrad import background, bound
 from convgrad.codegen import OPS as _KINDS
 from convgrad.codegen.ops import OpSpec
 from convgrad.kernels import ffi
@@ -217,7 +217,7 @@ def execute(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_be
             pads_end, dilations, groups, output_padding=None) -> torch.Tensor:
     """Runs op `name` (a function name of the op table) on CPU tensors. The first call
     of a configuration validates it (with the user's error messages)."""
-    count = threads._default or torch.get_num_threads()
+    count = _bridge.num_threads()
     if not (a.is_cpu and b.is_cpu):
         return _Call(SPECS[name], a, b, shape, strides, pads_begin, pads_end, dilations,
                      groups, output_padding, count)(a, b)  # raises the error
