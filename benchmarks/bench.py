@@ -53,6 +53,7 @@ import numpy as np
 
 import convgrad
 from convgrad import api, kernels, tuning
+from convgrad.aot import median_seconds
 from convgrad.codegen import KernelConfig, generator_version
 from convgrad.codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn
 from convgrad.codegen.plan import vendor_plan
@@ -621,14 +622,8 @@ def measure_call_overhead(args: argparse.Namespace, calls: int = 2000
     ours = case.ours
     result = {}
     for name, call in (("ours", lambda: ours(1)), ("torch", case.torch_call)):
-        for _ in range(50):
-            call()
-        samples = []
-        for _ in range(calls):
-            begin = time.perf_counter()
-            call()
-            samples.append(time.perf_counter() - begin)
-        result[f"{name}_tiny_call_us"] = round(statistics.median(samples) * 1e6, 2)
+        seconds = median_seconds(call, calls, warmups=50)
+        result[f"{name}_tiny_call_us"] = round(seconds * 1e6, 2)
     result["tiny_problem"] = (f"ConvolutionBackwardData 1x1, N=1, 4x4, 16->16 channels, "
                               f"{args.dtype} {args.data_format}, 1 thread")
     config = case.layer.resolve().config.with_isa(selected_isa())
