@@ -631,8 +631,9 @@ AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "
 
 def test_amx_tiles_by_rule():
     """The AMX path is carried by bf16 gradients (either layout) of one group with channels
-    in multiples of 32 on both sides, on the avx512bf16 path: stride 1 with taps in two
-    dimensions at most, and 1x1 with stride (backward data and weight gradients)."""
+    in multiples of 32 on both sides, on the avx512bf16 path: stride 1 (data gradients
+    with taps in depth too, weight gradients in two dimensions at most), and 1x1 with
+    stride (backward data and weight gradients)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import amx_tiles, candidates
 
@@ -651,16 +652,24 @@ def test_amx_tiles_by_rule():
                                 strides=(2, 2)))["amx"]
     for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):
         assert amx_tiles(config(op))["amx_pointwise"]
-        for kernel, spatial in (((3, 3), (4, 6)), ((3,), (5,)), ((1, 2, 3), (2, 3, 4))):
+        for kernel, spatial in (((3, 3), (4, 6)), ((3,), (5,)), ((1, 2, 3), (2, 3, 4)),
+                                ((3, 3, 3), (3, 4, 5)), ((2, 1, 1), (3, 4, 5))):
             rows = amx_tiles(config(op, kernel=kernel, spatial=spatial))
             assert rows["amx"] and not rows["amx_pointwise"]
+        assert not amx_tiles(config(op, kernel=(3, 3, 3), spatial=(3, 4, 5),
+                                    strides=(2, 1, 1)))["amx"]
         assert {"bf16_dot": 0, "amx": 0} in candidates(config(op), "GenuineIntel")
         assert {"amx": 0} in candidates(config(op), "AuthenticAMD")
         assert not amx_tiles(config(op), {"amx": 0})["amx"]
+    for kernel in ((3, 3, 3), (2, 1, 1)):  # weight gradients: no taps in depth
+        assert not amx_tiles(config("ConvolutionBackwardWeights", kernel=kernel,
+                                    spatial=(3, 4, 5)))["amx"]
+    assert amx_tiles(config("ConvolutionBackwardWeights", kernel=(1, 3, 3),
+                            spatial=(3, 4, 5)))["amx"]
     assert amx_tiles(config(fmt="NCX"))["amx"]  # through channels-last copies
     for other in (dict(dtype="f32"), dict(dtype="f16"), dict(isa="avx512"),
                   dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2),
-                  dict(kernel=(3, 3), strides=(2, 1)), dict(kernel=(2, 1, 1), spatial=(3, 4, 5))):
+                  dict(kernel=(3, 3), strides=(2, 1))):
         assert not amx_tiles(config(**other))["amx"], other
 
 
@@ -729,6 +738,17 @@ AMX_ROWS_GEOMETRY = {  # stride 1 with taps: pads within and past the kernel's e
                                                                   pads_end=[0, 1, 1])),
     "tall": dict(spatial=(40, 3), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1)),
 }
+# taps in depth (data gradients only): a copy of the band per depth tap, planes past the
+# input's depth as zeros, dilated and wide pads in depth
+AMX_DEPTH_GEOMETRY = {
+    "3x3x3": dict(spatial=(3, 4, 5), kernel=(3, 3, 3), attrs=dict(pads_begin=1, pads_end=1)),
+    "3x3x3 unpadded": dict(spatial=(4, 4, 5), kernel=(3, 3, 3)),
+    "depth dilated": dict(spatial=(5, 3, 4), kernel=(2, 1, 3),
+                          attrs=dict(dilations=[2, 1, 1], pads_begin=[3, 0, 1],
+                                     pads_end=[0, 0, 1])),
+    "depth tall": dict(spatial=(2, 40, 3), kernel=(3, 3, 3),
+                       attrs=dict(pads_begin=[2, 1, 1], pads_end=[1, 1, 1])),
+}
 
 
 def _amx_cases(geometries, layouts):
@@ -743,7 +763,7 @@ def _amx_cases(geometries, layouts):
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
 @pytest.mark.parametrize("geometry,op,weights_format,data_format",
-                         _amx_cases(AMX_ROWS_GEOMETRY, AMX_WEIGHTS))
+                         _amx_cases({**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY}, AMX_WEIGHTS))
 def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
     """bf16 channels-last data gradients with stride 1 and taps on AMX tiles, where the
     CPU has them: bands of rows copied with zero borders (several bands: "tall"), the
@@ -755,7 +775,8 @@ def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
     from convgrad.codegen.ops import resolve
 
     for batch in (1, 3):
-        case = make_case(op, **AMX_ROWS_GEOMETRY[geometry], in_channels=64, out_channels=32,
+        case = make_case(op, **{**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY}[geometry],
+                         in_channels=64, out_channels=32,
                          batch=batch, data_format=data_format, weights_format=weights_format,
                          dtype="bf16", seed=22)
         a, b = case.inputs[:2]
