@@ -18,6 +18,7 @@ import torch
 import convgrad
 from convgrad import background, bound
 from convgrad.codegen import OPS as _KINDS
+from convgrad.codegen.layers import Layer
 from convgrad.codegen.ops import OpSpec
 from convgrad.kernels import ffi
 from convgrad.torch import _bridge, _standin
@@ -109,27 +110,35 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf1
 
 # Calls PyTorch's operators served while their kernels were not ready (convgrad.background)
 standin_calls = 0
-_collector: list | None = None  # compile_kernels: the bound calls a pass asks for
+_collector: list | None = None  # compile_kernels: the calls a pass asks kernels for
+_recorder: list | None = None  # aot_kernels: every call a pass makes, building nothing
 
 
 @contextlib.contextmanager
-def collecting():
-    """Within: every call whose kernel is not ready runs on PyTorch's operator and asks
-    for its kernel in the background, whatever the compile mode; yields the list of the
-    bound calls asked for."""
-    global _collector
-    previous, _collector = _collector, []
+def collecting(build: bool = True):
+    """Within: yields a list of the calls (`_Call`) made. With `build` (compile_kernels),
+    every call whose kernel is not ready runs on PyTorch's operator and asks for its
+    kernel in the background, whatever the compile mode; the list holds those calls.
+    Without (aot_kernels), the list holds every call, loaded or not, none is built and
+    one whose kernel is not loaded runs on PyTorch's operator (not counted in
+    `standin_calls`)."""
+    global _collector, _recorder
+    previous, found = (_collector, _recorder), []
+    if build:
+        _collector = found
+    else:
+        _recorder = found
     try:
-        yield _collector
+        yield found
     finally:
-        _collector = previous
+        _collector, _recorder = previous
 
 
 class _Call:
     """One resolved configuration of an op on tensors."""
 
     __slots__ = ("bound", "shape", "strides", "empty", "dense_a", "dense_b", "requested",
-                 "standin")
+                 "standin", "layer")
 
     def __init__(self, spec: OpSpec, a: torch.Tensor, b: torch.Tensor, shape, strides,
                  pads_begin, pads_end, dilations, groups, output_padding, num_threads):
@@ -150,7 +159,7 @@ class _Call:
         # an input whose memory is not the layout the kernel reads is made so first
         self.dense_a = None if _bridge.is_dense(a, fmt) else fmt
         self.dense_b = None if _bridge.is_dense(b, b_fmt) else (b_fmt or "OIX")
-        self.bound = None
+        self.bound = self.layer = None
         self.requested = False  # its kernel was asked for in the background
         self.standin = (spec, shape, strides, pads_begin, pads_end, dilations, groups,
                         output_padding)
@@ -167,6 +176,10 @@ class _Call:
             attrs["output_padding"] = list(output_padding)
         self.bound = bound.bind(spec.kind, a_shape, b_shape, _DTYPE_NAMES[a.dtype], attrs,
                                 shape, num_threads)
+        # the call as an AOT layer (convgrad.torch.aot), named there
+        self.layer = Layer(spec.kind, (tuple(a_shape), tuple(b_shape))
+                           + (() if shape is None else (tuple(shape),)), attrs,
+                           _DTYPE_NAMES[a.dtype], batch=a_shape[0])
 
     def ready(self) -> bool:
         """Whether the kernel is loaded (loading it first in block mode, or where it is
@@ -184,7 +197,7 @@ class _Call:
             return True
         self.requested = True
         if _collector is not None:
-            _collector.append(bound)
+            _collector.append(self)
         background.submit(bound)
         return False
 
@@ -195,9 +208,7 @@ class _Call:
             return out
         if self.bound.kernel is None and not self.ready():
             standin_calls += 1
-            spec, *args = self.standin
-            _standin.compute(spec, out, a, b, *args)
-            return out
+            return self.stand_in(a, b, out)
         if self.dense_a:
             a = _bridge.dense(a, self.dense_a)
         if self.dense_b:
@@ -206,6 +217,24 @@ class _Call:
         self.bound.run(cast("void *", a.data_ptr()), cast("void *", b.data_ptr()),
                        cast("void *", out.data_ptr()))
         return out
+
+    def stand_in(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None,
+                 ) -> torch.Tensor:
+        """The call on PyTorch's operator, into `out` (a new result by default)."""
+        if out is None:
+            out = torch.empty_strided(self.shape, self.strides, dtype=a.dtype)
+        spec, *args = self.standin
+        _standin.compute(spec, out, a, b, *args)
+        return out
+
+
+def _record(call: _Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`call` within collecting(build=False): noted, and run on its kernel where that
+    is loaded, else on PyTorch's operator, building nothing."""
+    if call.empty:
+        return call(a, b)
+    _recorder.append(call)
+    return call(a, b) if call.bound.kernel is not None else call.stand_in(a, b)
 
 
 _calls: dict = {}
@@ -237,6 +266,8 @@ def execute(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_be
                 if len(_calls) >= MAX_CALLS:
                     _calls.clear()
                 _calls[key] = call
+    if _recorder is not None:
+        return _record(call, a, b)
     return call(a, b)
 
 

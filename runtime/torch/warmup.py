@@ -6,6 +6,8 @@ are untouched) with every convolution that has no kernel yet served by PyTorch's
 operator; each kernel it asked for is then built, all at once on every core, with a
 progress bar on a terminal. The configurations are exactly a step's: the same shapes,
 layouts, dtypes and thread count, so the step that follows compiles nothing.
+That pass is `step_calls`, which convgrad.torch.aot's `aot_kernels` runs too, building
+nothing.
 """
 
 from __future__ import annotations
@@ -20,21 +22,22 @@ from convgrad import background
 from convgrad.torch import _calls
 
 
-def compile_kernels(model: nn.Module, *example_inputs, progress: bool | None = None,
-                    **example_kwargs) -> int:
-    """Builds the kernels of one training step of `model` (forward, and backward where
-    a parameter or an input needs a gradient) on `example_inputs`; returns how many it
-    built (those already loaded, in an AOT folder or in the disk cache are not counted).
-    A kernel whose build fails is warned about and left to PyTorch's operator."""
+def step_calls(model: nn.Module, example_inputs: tuple, example_kwargs: dict, *,
+               build: bool, caller: str = "compile_kernels") -> list[_calls._Call]:
+    """The convgrad calls of one training step of `model` (forward, and backward where a
+    parameter or an input needs a gradient) on `example_inputs`, run on copies of its
+    parameters and buffers, within `_calls.collecting(build)`: with `build`, the calls
+    whose kernels were not ready, now building in the background; without, every call,
+    none built (see collecting)."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"compile_kernels: model is a {type(model).__name__}; expected a "
+        raise TypeError(f"{caller}: model is a {type(model).__name__}; expected a "
                         "torch.nn.Module")
     params = {name: p.detach().clone().requires_grad_(p.requires_grad)
               for name, p in model.named_parameters()}
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     inputs = [x.detach().clone().requires_grad_(x.requires_grad)
               if isinstance(x, torch.Tensor) else x for x in example_inputs]
-    with _calls.collecting() as calls:
+    with _calls.collecting(build) as calls:
         outputs = torch.func.functional_call(model, {**params, **buffers}, tuple(inputs),
                                              example_kwargs)
         leaves = [t for t in tree_flatten(outputs)[0]
@@ -44,8 +47,18 @@ def compile_kernels(model: nn.Module, *example_inputs, progress: bool | None = N
         if leaves and wanted:
             total = sum(t.float().sum() for t in leaves)
             torch.autograd.grad(total, wanted, allow_unused=True)
+    return calls
+
+
+def compile_kernels(model: nn.Module, *example_inputs, progress: bool | None = None,
+                    **example_kwargs) -> int:
+    """Builds the kernels of one training step of `model` (forward, and backward where
+    a parameter or an input needs a gradient) on `example_inputs`; returns how many it
+    built (those already loaded, in an AOT folder or in the disk cache are not counted).
+    A kernel whose build fails is warned about and left to PyTorch's operator."""
+    calls = step_calls(model, example_inputs, example_kwargs, build=True)
     if progress is None:
         progress = sys.stderr.isatty()
-    unique = list({id(call): call for call in calls}.values())
+    unique = list({id(call.bound): call.bound for call in calls}.values())
     background.wait(unique, progress=progress)
     return len(unique)
