@@ -11,6 +11,8 @@
 - `convert(model)`: swaps every supported convolution of a model in place and reports
   what it left alone and why.
 - `compile_kernels(model, *example_inputs)`: builds a step's kernels at once, before it.
+- `aot_kernels(model, *example_inputs, output=DIR)`: builds a step's kernels into an
+  AOT folder (`convgrad aot --torch-model`), for a deployment with no compiler.
 - Kernels not built yet: the call runs on PyTorch's own operator while the kernel
   compiles in the background (CONVGRAD_COMPILE=background, the default here), or waits
   for it (`block`); `set_compile_mode` sets it in-process.
@@ -29,6 +31,7 @@ if not hasattr(torch.library, "custom_op"):  # pragma: no cover
 
 from convgrad.background import set_mode as set_compile_mode  # noqa: E402
 from convgrad.torch import functional, ops  # noqa: E402
+from convgrad.torch.aot import aot_kernels  # noqa: E402
 from convgrad.torch.modules import (  # noqa: E402
     Conv1d,
     Conv2d,
@@ -59,6 +62,7 @@ __all__ = [
     "ConvTranspose1d",
     "ConvTranspose2d",
     "ConvTranspose3d",
+    "aot_kernels",
     "compile_kernels",
     "conv_transpose_backward_data",
     "conv_transpose_backward_weights",
