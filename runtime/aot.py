@@ -8,7 +8,9 @@ With no layer file it builds ResNet-50's backward-data and backward-weights
 layers (oneDNN benchdnn's shapes_resnet_50). Layer files are JSON lists, benchdnn
 descriptor files or ONNX models (*.onnx; needs `pip install onnx`): each Conv node
 gives a ConvolutionBackwardData and a ConvolutionBackwardWeights layer, each
-ConvTranspose node the two ConvTranspose*Backward* layers.
+ConvTranspose node the two ConvTranspose*Backward* layers. With --torch-model
+MODULE:FACTORY and --input-shape, the layers are the convolutions of one training step
+of that PyTorch model, converted by convgrad.torch (convgrad.torch.aot).
 """
 
 from __future__ import annotations

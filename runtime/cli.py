@@ -1,6 +1,7 @@
 """The `convgrad` command (also `python -m convgrad`).
 
     convgrad aot [LAYER_FILES...] [-o DIR] [--ops ...] [--isa ...] [--tune] [--check]
+    convgrad aot --torch-model MODULE:FACTORY --input-shape N,C,H,W [...] [-o DIR]
     convgrad tune show | export FILE | import FILE
     convgrad cache show | clear
 
@@ -121,7 +122,63 @@ def _add_aot_parser(commands) -> None:
     parser.add_argument("--plans", type=Path, default=None,
                         help="build the plans of a tuned-plans file (from --tune or `convgrad "
                              "tune export`) without timing anything")
+    model = parser.add_argument_group(
+        "PyTorch model (needs pip install convgrad[torch])",
+        "The kernels of one training step of a model, converted by convgrad.torch.convert,\n"
+        "on random inputs (convgrad.torch.aot_kernels from Python). --ops, --dtype,\n"
+        "--data-format, --weights-format and --batch apply to layer files only.")
+    model.add_argument("--torch-model", metavar="MODULE:FACTORY", default=None,
+                       help="a callable returning a torch.nn.Module (or a module instance), "
+                            "imported by module path (the current directory is searched "
+                            "first), e.g. mypackage.models:make_model")
+    model.add_argument("--input-shape", metavar="N,C,...", type=_shape, action="append",
+                       default=None,
+                       help="the shape of the model's input; once per input for several")
+    model.add_argument("--input-dtype", default="f32", choices=["f32", "bf16", "f16"],
+                       help="dtype of the inputs and the model (default: f32)")
+    model.add_argument("--channels-last", action="store_true",
+                       help="inputs and model in torch's channels_last memory format "
+                            "(channels_last_3d for 5-D inputs)")
     parser.set_defaults(run=_aot)
+
+
+def _shape(text: str) -> tuple[int, ...]:
+    """An --input-shape: comma-separated positive sizes."""
+    try:
+        shape = tuple(int(size) for size in text.split(","))
+    except ValueError:
+        shape = ()
+    if not shape or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected positive sizes separated by "
+                                         "commas, e.g. 8,3,112,112")
+    return shape
+
+
+def _torch_layers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list:
+    """The layers of --torch-model's training step (parser errors for bad arguments)."""
+    if not args.input_shape:
+        parser.error("--torch-model needs --input-shape (once per input of the model)")
+    try:
+        from convgrad.torch import aot as torch_aot
+    except ImportError as error:
+        parser.error(f"--torch-model: {error}")
+    try:
+        inputs = torch_aot.example_inputs(args.input_shape, args.input_dtype,
+                                          args.channels_last)
+    except ValueError as error:
+        parser.error(f"--input-shape: {error}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m convgrad` does
+    try:
+        model = torch_aot.load_model(args.torch_model)
+    except ValueError as error:
+        parser.error(f"--torch-model {args.torch_model}: {error}")
+    try:
+        return torch_aot.model_layers(model, inputs, args.channels_last)
+    except (RuntimeError, ValueError, TypeError) as error:
+        shapes = " ".join(",".join(map(str, shape)) for shape in args.input_shape)
+        parser.error(f"--torch-model {args.torch_model}: one training step on inputs of "
+                     f"shape {shapes} failed: {type(error).__name__}: {error}")
 
 
 def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -153,12 +210,16 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if named.isa not in available_isas() and (args.check or args.tune):
             parser.error(f"--check and --tune run kernels here; this machine cannot run "
                          f"{named.name}'s {named.isa} path (see README: emulated tests)")
+    if args.input_shape and not args.torch_model:
+        parser.error("--input-shape is the shape of --torch-model's input")
     try:
-        layers = aot.read_layers(args.layers, ops=ops, dtype=args.dtype,
-                                 data_format=args.data_format,
-                                 weights_format=args.weights_format, batch=args.batch)
+        layers = [] if args.torch_model and not args.layers else aot.read_layers(
+            args.layers, ops=ops, dtype=args.dtype, data_format=args.data_format,
+            weights_format=args.weights_format, batch=args.batch)
     except (OSError, ValueError, TypeError, RuntimeError) as error:
         parser.error(str(error))
+    if args.torch_model:
+        layers += _torch_layers(args, parser)
     out = _stdout()
     if args.tune and (args.plans or args.no_build):
         parser.error("--tune builds kernels it times: not with --plans or --no-build")
