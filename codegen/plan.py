@@ -1318,18 +1318,17 @@ AMX_FEATURES = frozenset({"amx_tile", "amx_bf16"})
 
 def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Whether a kernel carries the AMX path (amx.h.j2): bf16 (channels first through
-    channels-last copies), one group, channels in whole blocks of 32 on both sides; data
-    gradients (fwd, bwd_data) with stride 1 and any taps (amx_rows.h.j2 copies a band's
-    rows once per depth tap), or 1x1 with any stride for bwd_data (the result's pixels
-    between are zero); weight gradients with stride 1 and taps in two dimensions at most,
-    or 1x1 with any stride but in depth. The kernel takes it on a CPU with AMX-BF16 (which
-    it checks at run time), else runs its other tiles."""
+    channels-last copies), one group, channels in whole blocks of 32 on both sides; with
+    stride 1 and any taps (the copies of a band are made once per depth tap), or 1x1:
+    data gradients (fwd, bwd_data) with stride 1, or any stride for bwd_data (the
+    result's pixels between are zero), weight gradients with any stride but in depth.
+    The kernel takes it on a CPU with AMX-BF16 (which it checks at run time), else runs
+    its other tiles."""
     one_by_one = all(k == 1 for k in config.kernel)
     pointwise = config.pointwise or (config.family == "bwd_data" and one_by_one)
     rows = all(s == 1 for s in config.strides)
-    if config.family == "bwd_weights":  # depth taps are not in amx_weights.h.j2
-        rows = (rows and (config.rank < 3 or config.kernel[0] == 1)
-                or one_by_one and (config.rank < 3 or config.strides[0] == 1))
+    if config.family == "bwd_weights":  # strided 1x1 too, but in depth
+        rows = rows or one_by_one and (config.rank < 3 or config.strides[0] == 1)
     eligible = (config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
                 and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0
                 and (rows or pointwise))

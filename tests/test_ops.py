@@ -631,9 +631,8 @@ AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "
 
 def test_amx_tiles_by_rule():
     """The AMX path is carried by bf16 gradients (either layout) of one group with channels
-    in multiples of 32 on both sides, on the avx512bf16 path: stride 1 (data gradients
-    with taps in depth too, weight gradients in two dimensions at most), and 1x1 with
-    stride (backward data and weight gradients)."""
+    in multiples of 32 on both sides, on the avx512bf16 path: stride 1 with any taps, and
+    1x1 with stride (backward data and weight gradients)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import amx_tiles, candidates
 
@@ -661,11 +660,11 @@ def test_amx_tiles_by_rule():
         assert {"bf16_dot": 0, "amx": 0} in candidates(config(op), "GenuineIntel")
         assert {"amx": 0} in candidates(config(op), "AuthenticAMD")
         assert not amx_tiles(config(op), {"amx": 0})["amx"]
-    for kernel in ((3, 3, 3), (2, 1, 1)):  # weight gradients: no taps in depth
-        assert not amx_tiles(config("ConvolutionBackwardWeights", kernel=kernel,
-                                    spatial=(3, 4, 5)))["amx"]
-    assert amx_tiles(config("ConvolutionBackwardWeights", kernel=(1, 3, 3),
-                            spatial=(3, 4, 5)))["amx"]
+    for kernel in ((3, 3, 3), (2, 1, 1), (1, 3, 3)):
+        assert amx_tiles(config("ConvolutionBackwardWeights", kernel=kernel,
+                                spatial=(3, 4, 5)))["amx"]
+    assert not amx_tiles(config("ConvolutionBackwardWeights", kernel=(3, 3, 3),
+                                spatial=(3, 4, 5), strides=(1, 1, 2)))["amx"]
     assert amx_tiles(config(fmt="NCX"))["amx"]  # through channels-last copies
     for other in (dict(dtype="f32"), dict(dtype="f16"), dict(isa="avx512"),
                   dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2),
@@ -738,8 +737,8 @@ AMX_ROWS_GEOMETRY = {  # stride 1 with taps: pads within and past the kernel's e
                                                                   pads_end=[0, 1, 1])),
     "tall": dict(spatial=(40, 3), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1)),
 }
-# taps in depth (data gradients only): a copy of the band per depth tap, planes past the
-# input's depth as zeros, dilated and wide pads in depth
+# taps in depth: a copy of the band per depth tap, planes past the input's depth as
+# zeros, dilated and wide pads in depth
 AMX_DEPTH_GEOMETRY = {
     "3x3x3": dict(spatial=(3, 4, 5), kernel=(3, 3, 3), attrs=dict(pads_begin=1, pads_end=1)),
     "3x3x3 unpadded": dict(spatial=(4, 4, 5), kernel=(3, 3, 3)),
@@ -796,7 +795,7 @@ def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
             assert_exact(case, out)
 
 
-AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY,
+AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY,
                        "1x1": dict(spatial=(5, 7), kernel=(1, 1)),
                        "1x1 strided": dict(spatial=(7, 10), kernel=(1, 1),
                                            attrs=dict(strides=[2, 3])),
