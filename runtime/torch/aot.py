@@ -11,9 +11,10 @@ CONVGRAD_AOT_PATH names that folder runs the converted model's convolutions on t
 kernels from the first step, with no compiler, for the same input shapes, dtypes and
 memory layouts (of the inputs and of the weights: channels_last weights have kernels of
 their own) and whether the inputs need a gradient; the thread count may differ. As in
-compile_kernels, the gradient the step's backward starts from is that of the sum of the
-model's outputs: a loss whose gradient comes in another memory layout may call kernels
-of other layouts for the convolutions whose results are the outputs.
+compile_kernels, the step's backward starts from the gradient of the outputs' sum, read
+in torch's default layout as the gradients of mean, mse_loss and cross_entropy come
+(also on channels_last outputs): a loss whose gradient is channels_last calls kernels
+of their own for the convolutions whose results are the outputs.
 """
 
 from __future__ import annotations
