@@ -631,8 +631,9 @@ AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "
 
 def test_amx_tiles_by_rule():
     """The AMX path is carried by bf16 gradients (either layout) of one group with channels
-    in multiples of 32 on both sides, on the avx512bf16 path: stride 1 with any taps, and
-    1x1 with stride (backward data and weight gradients)."""
+    in multiples of 32 on both sides, on the avx512bf16 path: stride 1 with any taps, the
+    forward op with any stride, and 1x1 with stride (backward data and weight
+    gradients)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import amx_tiles, candidates
 
@@ -645,7 +646,8 @@ def test_amx_tiles_by_rule():
         return resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype).config.with_isa(isa)
 
     assert amx_tiles(config(strides=(2, 2)))["amx_pointwise"]  # the others pixels zero
-    assert not amx_tiles(config("ConvTransposeBackwardData", strides=(2, 2)))["amx"]
+    strided = amx_tiles(config("ConvTransposeBackwardData", strides=(2, 2)))
+    assert strided["amx"] and not strided["amx_pointwise"]  # phases of the stride
     assert amx_tiles(config("ConvolutionBackwardWeights", strides=(2, 2)))["amx"]
     assert not amx_tiles(config("ConvolutionBackwardWeights", kernel=(3, 3),
                                 strides=(2, 2)))["amx"]
@@ -655,8 +657,8 @@ def test_amx_tiles_by_rule():
                                 ((3, 3, 3), (3, 4, 5)), ((2, 1, 1), (3, 4, 5))):
             rows = amx_tiles(config(op, kernel=kernel, spatial=spatial))
             assert rows["amx"] and not rows["amx_pointwise"]
-        assert not amx_tiles(config(op, kernel=(3, 3, 3), spatial=(3, 4, 5),
-                                    strides=(2, 1, 1)))["amx"]
+        assert amx_tiles(config(op, kernel=(3, 3, 3), spatial=(3, 4, 5), strides=(2, 1, 2))
+                         )["amx"] == (op == "ConvTransposeBackwardData")
         assert {"bf16_dot": 0, "amx": 0} in candidates(config(op), "GenuineIntel")
         assert {"amx": 0} in candidates(config(op), "AuthenticAMD")
         assert not amx_tiles(config(op), {"amx": 0})["amx"]
@@ -792,6 +794,57 @@ def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
             first, second = (b, a) if problem.swap_inputs else (a, b)
             out = np.full(problem.output_shape, 7, a.dtype)
             kernels.call(kernel, problem, dims, first, second, out, workspace)
+            assert_exact(case, out)
+
+
+AMX_STRIDED_GEOMETRY = {  # the forward op: the band's copies split by phase of the stride
+    "3x3 s2": dict(spatial=(7, 9), kernel=(3, 3),
+                   attrs=dict(strides=[2, 2], pads_begin=1, pads_end=1)),
+    "1x1 s2": dict(spatial=(7, 8), kernel=(1, 1), attrs=dict(strides=[2, 2])),
+    "3x3x3 s2": dict(spatial=(5, 4, 7), kernel=(3, 3, 3),
+                     attrs=dict(strides=[2, 2, 2], pads_begin=1, pads_end=1)),
+    "uneven": dict(spatial=(9, 11), kernel=(2, 4),
+                   attrs=dict(strides=[3, 2], pads_begin=[2, 1], pads_end=[0, 3])),
+    "dilated s2": dict(spatial=(9, 10), kernel=(3, 2),
+                       attrs=dict(strides=[2, 2], dilations=[2, 3], pads_begin=[2, 3],
+                                  pads_end=[1, 0])),
+    "stride past kernel": dict(spatial=(6, 13), kernel=(2, 2),
+                               attrs=dict(strides=[3, 4], pads_begin=[0, 5])),
+    "tall s2": dict(spatial=(80, 5), kernel=(3, 3),
+                    attrs=dict(strides=[2, 2], pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+@pytest.mark.parametrize("geometry,op,weights_format,data_format", _amx_cases(
+    AMX_STRIDED_GEOMETRY, [row for row in AMX_WEIGHTS if row[0] == "ConvTransposeBackwardData"]))
+def test_amx_tiles_strided_forward(isa, op, weights_format, data_format, geometry):
+    """The forward op (ConvTransposeBackwardData) with strides on AMX tiles, where the CPU
+    has them: the band's copies hold the input by phase of the stride (only the phases a
+    tap reads), with zero borders and pads past the kernel, several bands ("tall s2"),
+    every weight layout, 1 and 2 threads, a result first filled with garbage. On a CPU
+    with AMX every call takes the AMX path (its workspace differs from the other
+    tiles')."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    for batch in (1, 3):
+        case = make_case(op, **AMX_STRIDED_GEOMETRY[geometry], in_channels=64, out_channels=32,
+                         batch=batch, data_format=data_format, weights_format=weights_format,
+                         dtype="bf16", seed=25)
+        a, b = case.inputs[:2]
+        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+        config = problem.config.with_isa(isa)
+        kernel = kernels.get_kernel(config, {"bf16_dot": 0})
+        other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
+        for threads in (1, 2):
+            dims = kernels.dims_of(problem, threads)
+            size = kernel.workspace_size(dims)
+            assert (size != other.workspace_size(dims)) == HAS_AMX
+            first, second = (b, a) if problem.swap_inputs else (a, b)
+            out = np.full(problem.output_shape, 7, a.dtype)
+            kernels.call(kernel, problem, dims, first, second, out,
+                         np.empty(size, dtype=np.uint8))
             assert_exact(case, out)
 
 
