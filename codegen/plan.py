@@ -1321,12 +1321,13 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
     channels-last copies), one group, channels in whole blocks of 32 on both sides; with
     stride 1 and any taps (the copies of a band are made once per depth tap), or 1x1:
     fwd with any stride and taps (the band's copies split the input by phase of the
-    stride), bwd_data with stride 1, or 1x1 with any stride (the result's pixels between
-    are zero), weight gradients 1x1 with any stride but in depth. The kernel takes it on
-    a CPU with AMX-BF16 (which it checks at run time), else runs its other tiles."""
+    stride), bwd_data with any stride and taps (amx_phases.h.j2: the result splits by
+    phase of the stride), or 1x1 with any stride (the result's pixels between are zero),
+    weight gradients 1x1 with any stride but in depth. The kernel takes it on a CPU with
+    AMX-BF16 (which it checks at run time), else runs its other tiles."""
     one_by_one = all(k == 1 for k in config.kernel)
     pointwise = config.pointwise or (config.family == "bwd_data" and one_by_one)
-    rows = all(s == 1 for s in config.strides) or config.family == "fwd"
+    rows = all(s == 1 for s in config.strides) or config.family in ("fwd", "bwd_data")
     if config.family == "bwd_weights":  # strided 1x1 too, but in depth
         rows = rows or one_by_one and (config.rank < 3 or config.strides[0] == 1)
     eligible = (config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
@@ -1347,7 +1348,8 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
         pack = "pairs"
     else:
         pack = "rows" if one_tap or fmt in ("XIO", "OXI") else "values"
-    return {"amx": True, "amx_pointwise": pointwise, "amx_pack": pack,
+    phases = config.family == "bwd_data" and not pointwise and any(s > 1 for s in config.strides)
+    return {"amx": True, "amx_pointwise": pointwise, "amx_phases": phases, "amx_pack": pack,
             "amx_band_pixels": AMX_BAND_PIXELS}
 
 

@@ -632,8 +632,8 @@ AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "
 def test_amx_tiles_by_rule():
     """The AMX path is carried by bf16 gradients (either layout) of one group with channels
     in multiples of 32 on both sides, on the avx512bf16 path: stride 1 with any taps, the
-    forward op with any stride, and 1x1 with stride (backward data and weight
-    gradients)."""
+    forward op and backward data with any stride (backward data by phase of the stride),
+    and 1x1 with stride (backward data and weight gradients)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import amx_tiles, candidates
 
@@ -657,8 +657,8 @@ def test_amx_tiles_by_rule():
                                 ((3, 3, 3), (3, 4, 5)), ((2, 1, 1), (3, 4, 5))):
             rows = amx_tiles(config(op, kernel=kernel, spatial=spatial))
             assert rows["amx"] and not rows["amx_pointwise"]
-        assert amx_tiles(config(op, kernel=(3, 3, 3), spatial=(3, 4, 5), strides=(2, 1, 2))
-                         )["amx"] == (op == "ConvTransposeBackwardData")
+        strided = amx_tiles(config(op, kernel=(3, 3, 3), spatial=(3, 4, 5), strides=(2, 1, 2)))
+        assert strided["amx"] and strided["amx_phases"] == (op == "ConvolutionBackwardData")
         assert {"bf16_dot": 0, "amx": 0} in candidates(config(op), "GenuineIntel")
         assert {"amx": 0} in candidates(config(op), "AuthenticAMD")
         assert not amx_tiles(config(op), {"amx": 0})["amx"]
@@ -670,7 +670,7 @@ def test_amx_tiles_by_rule():
     assert amx_tiles(config(fmt="NCX"))["amx"]  # through channels-last copies
     for other in (dict(dtype="f32"), dict(dtype="f16"), dict(isa="avx512"),
                   dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2),
-                  dict(kernel=(3, 3), strides=(2, 1))):
+                  dict(op="ConvolutionBackwardWeights", kernel=(3, 3), strides=(2, 1))):
         assert not amx_tiles(config(**other))["amx"], other
 
 
@@ -797,7 +797,7 @@ def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
             assert_exact(case, out)
 
 
-AMX_STRIDED_GEOMETRY = {  # the forward op: the band's copies split by phase of the stride
+AMX_STRIDED_GEOMETRY = {  # data gradients with strides: split by phase of the stride
     "3x3 s2": dict(spatial=(7, 9), kernel=(3, 3),
                    attrs=dict(strides=[2, 2], pads_begin=1, pads_end=1)),
     "1x1 s2": dict(spatial=(7, 8), kernel=(1, 1), attrs=dict(strides=[2, 2])),
@@ -817,13 +817,15 @@ AMX_STRIDED_GEOMETRY = {  # the forward op: the band's copies split by phase of 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
 @pytest.mark.parametrize("geometry,op,weights_format,data_format", _amx_cases(
-    AMX_STRIDED_GEOMETRY, [row for row in AMX_WEIGHTS if row[0] == "ConvTransposeBackwardData"]))
-def test_amx_tiles_strided_forward(isa, op, weights_format, data_format, geometry):
-    """The forward op (ConvTransposeBackwardData) with strides on AMX tiles, where the CPU
-    has them: the band's copies hold the input by phase of the stride (only the phases a
-    tap reads), with zero borders and pads past the kernel, several bands ("tall s2"),
-    every weight layout, 1 and 2 threads, a result first filled with garbage. On a CPU
-    with AMX every call takes the AMX path (its workspace differs from the other
+    AMX_STRIDED_GEOMETRY, AMX_WEIGHTS[:3]) + _amx_cases(AMX_STRIDED_GEOMETRY, AMX_WEIGHTS[3:]))
+def test_amx_tiles_strided(isa, op, weights_format, data_format, geometry):
+    """Data gradients with strides on AMX tiles, where the CPU has them. The forward op
+    (ConvTransposeBackwardData): the band's copies hold the input by phase of the stride
+    (only the phases a tap reads). Backward data: the result's pixels go by phase of the
+    stride, each phase over its own taps (none: zeros, "stride past kernel"), from one
+    copy of diff_dst's rows. Zero borders and pads past the kernel, several bands ("tall
+    s2"), every weight layout, 1 and 2 threads, a result first filled with garbage. On a
+    CPU with AMX every call takes the AMX path (its workspace differs from the other
     tiles')."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve

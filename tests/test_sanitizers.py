@@ -164,6 +164,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                        in_channels=64, out_channels=32, batch=2, dtype="bf16",  # phase of
                        attrs=dict(strides=[2, 3], pads_begin=[1, 2], pads_end=[1, 0])),  # the
              num_threads=2)                                                          # stride
+    run_case(make_case("ConvolutionBackwardData", spatial=(4, 9, 8), kernel=(3, 3, 2),  # by
+                       in_channels=32, out_channels=64, batch=2, dtype="bf16",  # phase of
+                       attrs=dict(strides=[2, 2, 3], pads_begin=[1, 1, 2],  # the stride
+                                  pads_end=[1, 0, 0])), num_threads=2)
     run_case(make_case("ConvolutionBackwardData", spatial=(3, 5, 4), kernel=(3, 3, 2),  # a
                        in_channels=32, out_channels=64, batch=2, dtype="bf16",  # copy per
                        attrs=dict(pads_begin=[2, 1, 1], pads_end=[1, 1, 0])),  # depth tap
