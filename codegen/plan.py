@@ -1318,21 +1318,16 @@ AMX_FEATURES = frozenset({"amx_tile", "amx_bf16"})
 
 def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """Whether a kernel carries the AMX path (amx.h.j2): bf16 (channels first through
-    channels-last copies), one group, channels in whole blocks of 32 on both sides; with
-    stride 1 and any taps (the copies of a band are made once per depth tap), or 1x1:
-    fwd with any stride and taps (the band's copies split the input by phase of the
-    stride), bwd_data with any stride and taps (amx_phases.h.j2: the result splits by
-    phase of the stride), or 1x1 with any stride (the result's pixels between are zero),
-    weight gradients 1x1 with any stride but in depth. The kernel takes it on a CPU with
-    AMX-BF16 (which it checks at run time), else runs its other tiles."""
+    channels-last copies), one group, channels in whole blocks of 32 on both sides, any
+    taps (the copies of a band are made once per depth tap) and any strides: fwd and
+    bwd_weights by phase of the stride (the band's copies split the input by phase),
+    bwd_data with taps by phase of the result (amx_phases.h.j2), 1x1 bwd_data with the
+    result's pixels between zero. The kernel takes it on a CPU with AMX-BF16 (which it
+    checks at run time), else runs its other tiles."""
     one_by_one = all(k == 1 for k in config.kernel)
     pointwise = config.pointwise or (config.family == "bwd_data" and one_by_one)
-    rows = all(s == 1 for s in config.strides) or config.family in ("fwd", "bwd_data")
-    if config.family == "bwd_weights":  # strided 1x1 too, but in depth
-        rows = rows or one_by_one and (config.rank < 3 or config.strides[0] == 1)
     eligible = (config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
-                and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0
-                and (rows or pointwise))
+                and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0)
     if not (eligible and plan.get("amx", 1)):
         return {"amx": False}
     if config.family == "bwd_weights":

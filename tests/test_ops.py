@@ -631,9 +631,8 @@ AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "
 
 def test_amx_tiles_by_rule():
     """The AMX path is carried by bf16 gradients (either layout) of one group with channels
-    in multiples of 32 on both sides, on the avx512bf16 path: stride 1 with any taps, the
-    forward op and backward data with any stride (backward data by phase of the stride),
-    and 1x1 with stride (backward data and weight gradients)."""
+    in multiples of 32 on both sides, on the avx512bf16 path, with any taps and strides
+    (backward data with strides and taps by phase of the result)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import amx_tiles, candidates
 
@@ -649,8 +648,7 @@ def test_amx_tiles_by_rule():
     strided = amx_tiles(config("ConvTransposeBackwardData", strides=(2, 2)))
     assert strided["amx"] and not strided["amx_pointwise"]  # phases of the stride
     assert amx_tiles(config("ConvolutionBackwardWeights", strides=(2, 2)))["amx"]
-    assert not amx_tiles(config("ConvolutionBackwardWeights", kernel=(3, 3),
-                                strides=(2, 2)))["amx"]
+    assert amx_tiles(config("ConvolutionBackwardWeights", kernel=(3, 3), strides=(2, 2)))["amx"]
     for op in ("ConvolutionBackwardData", "ConvTransposeBackwardData"):
         assert amx_tiles(config(op))["amx_pointwise"]
         for kernel, spatial in (((3, 3), (4, 6)), ((3,), (5,)), ((1, 2, 3), (2, 3, 4)),
@@ -665,12 +663,11 @@ def test_amx_tiles_by_rule():
     for kernel in ((3, 3, 3), (2, 1, 1), (1, 3, 3)):
         assert amx_tiles(config("ConvolutionBackwardWeights", kernel=kernel,
                                 spatial=(3, 4, 5)))["amx"]
-    assert not amx_tiles(config("ConvolutionBackwardWeights", kernel=(3, 3, 3),
-                                spatial=(3, 4, 5), strides=(1, 1, 2)))["amx"]
+    assert amx_tiles(config("ConvolutionBackwardWeights", kernel=(3, 3, 3), spatial=(3, 4, 5),
+                            strides=(2, 1, 2)))["amx"]
     assert amx_tiles(config(fmt="NCX"))["amx"]  # through channels-last copies
     for other in (dict(dtype="f32"), dict(dtype="f16"), dict(isa="avx512"),
-                  dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2),
-                  dict(op="ConvolutionBackwardWeights", kernel=(3, 3), strides=(2, 1))):
+                  dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2)):
         assert not amx_tiles(config(**other))["amx"], other
 
 
@@ -850,7 +847,7 @@ def test_amx_tiles_strided(isa, op, weights_format, data_format, geometry):
             assert_exact(case, out)
 
 
-AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY,
+AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY, **AMX_STRIDED_GEOMETRY,
                        "1x1": dict(spatial=(5, 7), kernel=(1, 1)),
                        "1x1 strided": dict(spatial=(7, 10), kernel=(1, 1),
                                            attrs=dict(strides=[2, 3])),
@@ -867,9 +864,10 @@ AMX_WEIGHT_GEOMETRY = {**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY,
                           ("ConvTransposeBackwardWeights", "XOI"),
                           ("ConvTransposeBackwardWeights", "IXO")]))
 def test_amx_tiles_weights(isa, op, weights_format, data_format, geometry):
-    """bf16 channels-last weight gradients with stride 1 (or 1x1) on AMX tiles, where the
-    CPU has them: bands of whole images (one or several per band) or of rows ("tall", "many
-    bands"), src copied channels first with zero borders, diff_dst as pixel pairs (odd
+    """bf16 channels-last weight gradients on AMX tiles, where the CPU has them: bands of
+    whole images (one or several per band) or of rows ("tall", "many bands"), src copied
+    channels first with zero borders (by phase of the stride, only the phases a tap
+    reads; taps in depth: a copy per depth tap), diff_dst as pixel pairs (odd
     row widths: pairs across rows), 1 to 3 threads (threads split the input or the output
     channels), both weight layouts. On a CPU with AMX every call takes the AMX path (its
     workspace differs from the other tiles')."""

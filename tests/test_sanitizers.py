@@ -91,6 +91,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     run_case(make_case("ConvolutionBackwardWeights", spatial=(9, 7), kernel=(3, 3),
                        in_channels=64, out_channels=96, batch=3, dtype="bf16",
                        attrs=dict(pads_begin=[1, 1], pads_end=[0, 1])), num_threads=2)
+    run_case(make_case("ConvolutionBackwardWeights", spatial=(9, 11), kernel=(3, 2),  # src
+                       in_channels=64, out_channels=32, batch=2, dtype="bf16",  # copied by
+                       attrs=dict(strides=[2, 3], pads_begin=[1, 2], pads_end=[0, 1])),  # phase
+             num_threads=2)
     run_case(make_case("ConvolutionBackwardWeights", spatial=(3, 5, 4), kernel=(3, 3, 2),
                        in_channels=32, out_channels=64, batch=2, dtype="bf16",  # a src copy
                        attrs=dict(pads_begin=[2, 1, 1], pads_end=[1, 1, 0])),  # per depth
