@@ -748,52 +748,6 @@ AMX_DEPTH_GEOMETRY = {
                        attrs=dict(pads_begin=[2, 1, 1], pads_end=[1, 1, 1])),
 }
 
-
-def _amx_cases(geometries, layouts):
-    """Each geometry with one of the op and weight layout pairs, every pair in turn, and
-    channels last or first (through channels-last copies) in turn. Without AMX, every
-    other case: the kernels then run their other tiles, which the rest of the suite
-    covers, and these cases check only that the kernels that carry AMX fall back."""
-    cases = [(name, *layouts[k % len(layouts)], ("NXC", "NCX")[k // len(layouts) % 2])
-             for k, name in enumerate(sorted(geometries))]
-    return cases if HAS_AMX else cases[::2]
-
-
-@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("geometry,op,weights_format,data_format",
-                         _amx_cases({**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY}, AMX_WEIGHTS))
-def test_amx_tiles_rows(isa, op, weights_format, data_format, geometry):
-    """bf16 channels-last data gradients with stride 1 and taps on AMX tiles, where the
-    CPU has them: bands of rows copied with zero borders (several bands: "tall"), the
-    outputs past the width dropped, both weight layouts (OIX value by value), 1 and 2
-    threads, a result first filled with garbage. Backward data with a pad past the
-    kernel's extent takes the other tiles; on a CPU with AMX every other call takes the
-    AMX path (its workspace differs from the other tiles')."""
-    from convgrad import kernels
-    from convgrad.codegen.ops import resolve
-
-    for batch in (1, 3):
-        case = make_case(op, **{**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY}[geometry],
-                         in_channels=64, out_channels=32,
-                         batch=batch, data_format=data_format, weights_format=weights_format,
-                         dtype="bf16", seed=22)
-        a, b = case.inputs[:2]
-        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
-        config = problem.config.with_isa(isa)
-        kernel = kernels.get_kernel(config, {"bf16_dot": 0})
-        other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
-        for threads in (1, 2):
-            dims = kernels.dims_of(problem, threads)
-            size, other_size = kernel.workspace_size(dims), other.workspace_size(dims)
-            assert (size != other_size) == (HAS_AMX and not (
-                geometry == "pad past extent" and op == "ConvolutionBackwardData"))
-            workspace = np.empty(size, dtype=np.uint8)
-            first, second = (b, a) if problem.swap_inputs else (a, b)
-            out = np.full(problem.output_shape, 7, a.dtype)
-            kernels.call(kernel, problem, dims, first, second, out, workspace)
-            assert_exact(case, out)
-
-
 AMX_STRIDED_GEOMETRY = {  # data gradients with strides: split by phase of the stride
     "3x3 s2": dict(spatial=(7, 9), kernel=(3, 3),
                    attrs=dict(strides=[2, 2], pads_begin=1, pads_end=1)),
@@ -812,25 +766,40 @@ AMX_STRIDED_GEOMETRY = {  # data gradients with strides: split by phase of the s
 }
 
 
+def _amx_cases(geometries, layouts):
+    """Each geometry with one of the op and weight layout pairs, every pair in turn, and
+    channels last or first (through channels-last copies) in turn. Without AMX, every
+    other case: the kernels then run their other tiles, which the rest of the suite
+    covers, and these cases check only that the kernels that carry AMX fall back."""
+    cases = [(name, *layouts[k % len(layouts)], ("NXC", "NCX")[k // len(layouts) % 2])
+             for k, name in enumerate(sorted(geometries))]
+    return cases if HAS_AMX else cases[::2]
+
+
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("geometry,op,weights_format,data_format", _amx_cases(
-    AMX_STRIDED_GEOMETRY, AMX_WEIGHTS[:3]) + _amx_cases(AMX_STRIDED_GEOMETRY, AMX_WEIGHTS[3:]))
-def test_amx_tiles_strided(isa, op, weights_format, data_format, geometry):
-    """Data gradients with strides on AMX tiles, where the CPU has them. The forward op
-    (ConvTransposeBackwardData): the band's copies hold the input by phase of the stride
-    (only the phases a tap reads). Backward data: the result's pixels go by phase of the
-    stride, each phase over its own taps (none: zeros, "stride past kernel"), from one
-    copy of diff_dst's rows. Zero borders and pads past the kernel, several bands ("tall
-    s2"), every weight layout, 1 and 2 threads, a result first filled with garbage. On a
-    CPU with AMX every call takes the AMX path (its workspace differs from the other
-    tiles')."""
+@pytest.mark.parametrize("geometry,op,weights_format,data_format", [
+    *_amx_cases({**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY}, AMX_WEIGHTS),
+    # strides: each geometry for both ops
+    *_amx_cases(AMX_STRIDED_GEOMETRY, AMX_WEIGHTS[:3]),
+    *_amx_cases(AMX_STRIDED_GEOMETRY, AMX_WEIGHTS[3:])])
+def test_amx_tiles_data(isa, op, weights_format, data_format, geometry):
+    """bf16 channels-last data gradients with taps on AMX tiles, where the CPU has them:
+    bands of rows copied with zero borders (several bands: "tall"), the outputs past the
+    width dropped, both weight layouts (OIX value by value), 1 and 2 threads, a result
+    first filled with garbage. Taps in depth: a copy per depth tap. Strides: the forward
+    op's copies hold the input by phase of the stride (only the phases a tap reads);
+    backward data's result goes phase by phase, each over its own taps (none: zeros,
+    "stride past kernel"), from one copy of diff_dst's rows. Backward data with stride 1
+    and a pad past the kernel's extent takes the other tiles; on a CPU with AMX every
+    other call takes the AMX path (its workspace differs from the other tiles')."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
+    geometries = {**AMX_ROWS_GEOMETRY, **AMX_DEPTH_GEOMETRY, **AMX_STRIDED_GEOMETRY}
     for batch in (1, 3):
-        case = make_case(op, **AMX_STRIDED_GEOMETRY[geometry], in_channels=64, out_channels=32,
+        case = make_case(op, **geometries[geometry], in_channels=64, out_channels=32,
                          batch=batch, data_format=data_format, weights_format=weights_format,
-                         dtype="bf16", seed=25)
+                         dtype="bf16", seed=22)
         a, b = case.inputs[:2]
         problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
         config = problem.config.with_isa(isa)
@@ -838,12 +807,13 @@ def test_amx_tiles_strided(isa, op, weights_format, data_format, geometry):
         other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
         for threads in (1, 2):
             dims = kernels.dims_of(problem, threads)
-            size = kernel.workspace_size(dims)
-            assert (size != other.workspace_size(dims)) == HAS_AMX
+            size, other_size = kernel.workspace_size(dims), other.workspace_size(dims)
+            assert (size != other_size) == (HAS_AMX and not (
+                geometry == "pad past extent" and op == "ConvolutionBackwardData"))
+            workspace = np.empty(size, dtype=np.uint8)
             first, second = (b, a) if problem.swap_inputs else (a, b)
             out = np.full(problem.output_shape, 7, a.dtype)
-            kernels.call(kernel, problem, dims, first, second, out,
-                         np.empty(size, dtype=np.uint8))
+            kernels.call(kernel, problem, dims, first, second, out, workspace)
             assert_exact(case, out)
 
 
