@@ -57,20 +57,24 @@ def test_clang_kernels_are_exact(isa, name, fresh_cache, monkeypatch):
 
 
 @pytest.mark.skipif("avx512bf16" not in available_isas(), reason="needs the avx512bf16 path")
-@pytest.mark.parametrize("op,kernel,data_format", [
-    ("ConvolutionBackwardWeights", (3, 3), "NCX"),  # band copies, tiles in an OpenMP region
-    ("ConvolutionBackwardData", (1, 1), "NXC"),  # the pointwise AMX path
-    ("ConvolutionBackwardData", (3, 3), "NXC"),  # the rows AMX path
+@pytest.mark.parametrize("op,kernel,data_format,strides", [
+    ("ConvolutionBackwardWeights", (3, 3), "NCX", 1),  # band copies, tiles in an OpenMP region
+    ("ConvolutionBackwardData", (1, 1), "NXC", 1),  # the pointwise AMX path
+    ("ConvolutionBackwardData", (3, 3), "NXC", 1),  # the rows AMX path
+    ("ConvolutionBackwardData", (3, 3), "NXC", 2),  # the phases AMX path
 ])
-def test_clang_compiles_the_amx_path(op, kernel, data_format, fresh_cache, monkeypatch):
+def test_clang_compiles_the_amx_path(op, kernel, data_format, strides, fresh_cache,
+                                     monkeypatch):
     """Kernels carrying the AMX path, built by clang (clang compiles an OpenMP region as a
     function without the target of the one around it, so every AMX intrinsic sits in a
     function of its own with that target): exact, through AMX where the CPU has it, else
     through the other tiles."""
     monkeypatch.setenv("CC", "clang")
+    attrs = dict(strides=[strides] * 2)
+    if kernel != (1, 1):
+        attrs.update(pads_begin=1, pads_end=1)
     case = make_case(op, spatial=(6, 7), kernel=kernel, in_channels=32, out_channels=64,
-                     data_format=data_format, dtype="bf16", batch=2, seed=6,
-                     attrs=dict(pads_begin=1, pads_end=1) if kernel != (1, 1) else None)
+                     data_format=data_format, dtype="bf16", batch=2, seed=6, attrs=attrs)
     plan = {"bf16_dot": 0} if op == "ConvolutionBackwardWeights" else {}
     size, run = forced_kernel(case, plan, "avx512bf16", threads=2)
     run(np.empty(size, dtype=np.uint8))  # checks the bits
