@@ -101,17 +101,18 @@ def ref_conv_transpose_backward_weights(src, diff_dst, kernel, strides, pads_beg
                         groups)
 
 
-def _cases(channels_last):
+def _cases(channels_last, pads_begin=PADS_BEGIN, pads_end=PADS_END, dtype=torch.float32):
     """(op name, args, reference) for every op; the first two args are the tensors."""
     cl = channels_last
-    x = ints(2, 4, 9, 8, channels_last=cl, seed=1)  # the forward convolution's input
-    w = ints(6, 2, 3, 2, seed=2)  # its weight (OC, IC/g, k) = ConvTranspose's (IC, OC/g, k)
-    attrs = (STRIDES, PADS_BEGIN, PADS_END, DILATIONS, GROUPS)
+    x = ints(2, 4, 9, 8, channels_last=cl, seed=1, dtype=dtype)  # the convolution's input
+    # its weight (OC, IC/g, k) = ConvTranspose's (IC, OC/g, k)
+    w = ints(6, 2, 3, 2, seed=2, dtype=dtype)
+    attrs = (STRIDES, pads_begin, pads_end, DILATIONS, GROUPS)
     y = ref_conv_transpose_backward_data(x, w, *attrs)  # (2, 6, 5, 7)
-    dy = ints(*y.shape, channels_last=cl, seed=3)
+    dy = ints(*y.shape, channels_last=cl, seed=3, dtype=dtype)
     # A transposed convolution's input whose result is longer than the forward's input:
     # output_padding (1, 1) (axis 1: stride 1 < padding 1 < dilation 2).
-    dz = ints(2, 6, 4, 6, channels_last=cl, seed=4)
+    dz = ints(2, 6, 4, 6, channels_last=cl, seed=4, dtype=dtype)
     return [
         ("conv_transpose_backward_data", (x, w, *attrs), ref_conv_transpose_backward_data),
         ("convolution_backward_data", (dy, w, [9, 8], *attrs, [0, 0]),
@@ -158,6 +159,29 @@ def test_op_value_and_gradients_match_torch_exactly(case):
     for got, want in zip(grads, expected_grads, strict=True):
         assert got.shape == want.shape
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("pads", ["asymmetric", "symmetric"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["NCX", "NXC"])
+def test_the_stand_in_computes_every_op_exactly(channels_last, dtype, pads):
+    """PyTorch's operators standing in for a kernel that is being compiled (convgrad's
+    background mode) give every op's result, in the kernel's shape and layout: exact on
+    integer data, with asymmetric pads (copies) and symmetric ones (the operators' own
+    padding; backward data as the input gradient where the shapes are a convolution's,
+    else a cropped transposed convolution)."""
+    from convgrad.torch import _calls
+
+    pads_begin, pads_end = (PADS_BEGIN, PADS_END) if pads == "asymmetric" else ([1, 1], [1, 1])
+    for name, args, reference in _cases(channels_last, pads_begin, pads_end, dtype):
+        a, b = args[:2]
+        rest = [None, *args[2:]] if name == "conv_transpose_backward_data" else list(args[2:])
+        rest += [None] * (7 - len(rest))  # shape, the attributes, output_padding
+        call = _calls._Call(_calls.SPECS[name], a, b, *rest, num_threads=1)
+        out = call.stand_in(a, b)
+        expected = reference(*(t.float() for t in args[:2]), *args[2:]).to(dtype)
+        assert out.shape == expected.shape and out.stride() == call.strides, name
+        assert torch.equal(out, expected), name
 
 
 def test_gradients_of_gradients_match_torch_exactly():
