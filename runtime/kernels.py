@@ -66,9 +66,10 @@ def _bind(name: str, path: Path) -> tuple[object, object]:
         return getattr(library, name), getattr(library, f"{name}_workspace_size")
 
 
+@lru_cache(maxsize=1)
 def source_checkout() -> Path | None:
     """The repository this package runs from (an editable install), or None for an
-    installed package."""
+    installed package (looked up once: every kernel's first look-up asks)."""
     root = Path(__file__).resolve().parent.parent
     return root if (root / "pyproject.toml").is_file() and (root / "codegen").is_dir() else None
 
