@@ -63,11 +63,11 @@ from torch import nn
 
 import convgrad.torch as cgt
 from convgrad import background, kernels
-from convgrad.cpu import selected_isa
+from convgrad.cpu import available_isas, selected_isa
 from convgrad.torch import _calls
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import timed_pair  # noqa: E402  (the sibling benchmark's turn-taking timer)
+from bench import limit_isa, timed_pair  # noqa: E402  (the sibling benchmark's helpers)
 from models import MODELS, ResNet, classes, input_shape  # noqa: E402,F401  (ResNet: kept here)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -256,6 +256,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "step a new user sees)")
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed steps before timing, the first compiling (default 2)")
+    parser.add_argument("--isa", default=None, choices=available_isas(),
+                        help="convgrad's ISA path, with oneDNN and MKL held to the same "
+                             "(ONEDNN_MAX_CPU_ISA; AMX off): compares a lesser path "
+                             "(default: this CPU's best, oneDNN unlimited)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"results folder (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
@@ -276,6 +280,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.isa:  # before torch's first convolution: oneDNN reads it once
+        os.environ.update(limit_isa(args.isa))
     command = "python benchmarks/train_step.py " + " ".join(sys.argv[1:] if argv is None
                                                             else argv)
     print(f"Training step (forward + backward), {args.memory_format}; convgrad ISA path "
@@ -303,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         writer.writeheader()
         writer.writerows(asdict(r) for r in rows)
     machine = {"cpu": _cpu(), "isa": selected_isa(), "torch": torch.__version__,
+               "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", ""),
                "compile_mode": background.mode(),
                "python": platform.python_version(), "platform": platform.platform(),
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
