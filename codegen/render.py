@@ -35,7 +35,9 @@ def _environment() -> jinja2.Environment:
 def generator_version() -> str:
     """Package version plus a hash of every template and generator source file.
 
-    Any change to what renders the C changes this, and so every cache key."""
+    Any change to the generator changes this. It names the generator in AOT manifests
+    and tuned records, and keys the cache's index from a configuration to its entry;
+    the entries themselves are keyed by their rendered C (`source_digest`)."""
     digest = hashlib.sha256()
     sources = sorted(_template_dir().glob("*.j2")) + sorted(Path(__file__).parent.glob("*.py"))
     for path in sources:
@@ -46,9 +48,16 @@ def generator_version() -> str:
 
 def render(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
     """C source of one kernel; the exported function is named
-    `plan.kernel_name(config, plan)` (`config.name` for the default plan)."""
+    `plan.kernel_name(config, plan)` (`config.name` for the default plan). The source
+    names the package version, not `generator_version()`: an edit of the generator
+    that leaves a kernel's C as it was leaves its cache key (a hash of the C) too."""
     template = _environment().get_template("kernel.c.j2")
-    return template.render(**render_context(config, generator_version(), plan or EMPTY_PLAN))
+    return template.render(**render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN))
+
+
+def source_digest(source: str) -> str:
+    """SHA-256 of a kernel's C source: what the cache and AOT manifests key it by."""
+    return hashlib.sha256(source.encode()).hexdigest()
 
 
 def render_prelude(isa: str) -> str:

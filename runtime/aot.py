@@ -34,7 +34,7 @@ from threadpoolctl import threadpool_limits
 
 from convgrad import api, kernels, pch, tuning
 from convgrad.cache import cache_dir, file_digest
-from convgrad.codegen import OPS, KernelConfig, generator_version, render
+from convgrad.codegen import OPS, KernelConfig, generator_version, render, source_digest
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
 from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name, vendor_plan
@@ -178,6 +178,7 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     sources = output / "src"
     sources.mkdir(exist_ok=True)
     seconds: dict[KernelConfig, float] = {}
+    digests: dict[KernelConfig, str] = {}
     # Many kernels follow: build the precompiled prelude first (in the kernel cache).
     pch.include_flags(isa, cache_dir(), wait=True)
     with tempfile.TemporaryDirectory(prefix="convgrad-aot-") as tmp:
@@ -185,7 +186,9 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
             begin = time.perf_counter()
             name = kernel_name(config, plans[config])
             c_file = sources / f"{name}.c"
-            c_file.write_text(render(config, plans[config]))
+            source = render(config, plans[config])
+            digests[config] = source_digest(source)
+            c_file.write_text(source)
             obj = Path(tmp) / f"{name}.o"
             pch.compile_kernel([c_file], obj, isa, cache_dir(), shared=False)
             seconds[config] = time.perf_counter() - begin
@@ -222,7 +225,7 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
         "header": HEADER,
         "kernels": [
             {"name": names[c], "config": c.to_dict(), "source": f"src/{names[c]}.c",
-             "plan": plans[c],
+             "source_sha256": digests[c], "plan": plans[c],
              **({"tuning": {k: v for k, v in tuned[c].items() if k != "config"}}
                 if c in tuned else {}),
              "layers": [{"op": layer.op, "name": layer.name,

@@ -1,20 +1,25 @@
-"""The on-disk kernel cache: one shared library per kernel, keyed by content hash.
+"""The on-disk kernel cache: one shared library per kernel, keyed by its C source.
 
-An entry's key hashes the configuration, the generator version (templates and
-generator sources), every flag and the CPU features the ISA path needs; its file
-name adds a short hash of the compiler that built it, whose identity the entry's
-record keeps. So a cached kernel is found without running the compiler: a process
-with no compiler loads any valid entry of the key (the first by name), and one
-with a compiler uses (or builds) its own compiler's entry. A build happens under a
-per-entry file lock (released by the OS if the process dies) in a private
-temporary directory and is published by atomic renames, the record of the
-library's digest last, so no process ever uses a half-written library. An entry
-whose record is missing or does not match is a miss and is rebuilt. A cache
-directory that cannot be written (read-only, full) is replaced by a temporary one
-with a warning. Past CONVGRAD_CACHE_MAX_MB, the least recently used entries are
-evicted (a build checks the folder's size from a running estimate, rescanning it at
-most once a minute unless the estimate passes the cap). `convgrad cache show | clear`
-lists or empties it.
+An entry's key hashes the kernel's rendered C, every flag and the CPU features the
+ISA path needs; its file name adds a short hash of the compiler that built it, whose
+identity the entry's record keeps. An edit of the generator that leaves a kernel's C
+unchanged (a comment, a rule that other kernels read) leaves its entry valid. Finding
+an entry without rendering goes through a small index, `index/<kernel>-<key>`, whose
+key hashes the configuration, the plan and the generator version, and which holds the
+entry's key: written once a process has rendered the kernel, it lets later processes
+skip rendering (a few milliseconds a kernel) until the generator changes.
+
+So a cached kernel is found without running the compiler: a process with no compiler
+loads any valid entry of the key (the first by name), and one with a compiler uses (or
+builds) its own compiler's entry. A build happens under a per-entry file lock
+(released by the OS if the process dies) in a private temporary directory and is
+published by atomic renames, the record of the library's digest last, so no process
+ever uses a half-written library. An entry whose record is missing or does not match
+is a miss and is rebuilt. A cache directory that cannot be written (read-only, full)
+is replaced by a temporary one with a warning. Past CONVGRAD_CACHE_MAX_MB, the least
+recently used entries are evicted (a build checks the folder's size from a running
+estimate, rescanning it at most once a minute unless the estimate passes the cap).
+`convgrad cache show | clear` lists or empties it.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -36,7 +42,7 @@ import platformdirs
 from filelock import FileLock
 
 from convgrad import pch
-from convgrad.codegen import KernelConfig, generator_version, render
+from convgrad.codegen import KernelConfig, generator_version, render, source_digest
 from convgrad.codegen.plan import ISA_FEATURES, compile_parts, kernel_name
 from convgrad.compiler import (
     CompilerNotFoundError,
@@ -94,20 +100,64 @@ def max_bytes() -> int:
 
 @cache
 def _key_material(isa: str, flags: tuple[str, ...]) -> str:
-    """Everything but the configuration and the compiler that the binary depends on
+    """Everything but the C source and the compiler that the binary depends on
     (memoised per ISA and flags)."""
-    return json.dumps({"generator": generator_version(), "flags": flags,
-                       "features": sorted(ISA_FEATURES[isa])}, sort_keys=True)
+    return json.dumps({"flags": flags, "features": sorted(ISA_FEATURES[isa])},
+                      sort_keys=True)
 
 
-def cache_key(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
-    """The hash of everything an entry depends on but the compiler: found without one.
-    A non-default plan is part of it (the default plan's keys are those of old)."""
-    material = json.dumps(config.to_dict(), sort_keys=True) + _key_material(
-        config.isa, compile_flags(config.isa))
-    if plan:
-        material += json.dumps(sorted(plan.items()))
+def source_key(source: str, isa: str) -> str:
+    """The key of the entry of a kernel of C `source` on `isa`: a hash of the source,
+    the flags and the ISA's CPU features (everything but the compiler)."""
+    material = source_digest(source) + _key_material(isa, compile_flags(isa))
     return hashlib.sha256(material.encode()).hexdigest()
+
+
+def index_key(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
+    """The key of the index record that leads from a configuration and plan to its entry
+    without rendering: a hash of both and of the generator version."""
+    material = json.dumps([config.to_dict(), sorted((plan or {}).items()),
+                           generator_version()], sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _index_path(config: KernelConfig, folder: Path, plan: Mapping[str, int] | None) -> Path:
+    return folder / "index" / f"{kernel_name(config, plan)}-{index_key(config, plan)[:16]}"
+
+
+def cache_key(config: KernelConfig, plan: Mapping[str, int] | None = None,
+              folder: Path | None = None) -> str:
+    """The key of the kernel's entry (`source_key` of its C), read from the index of
+    `folder` (default the cache) where a process recorded it, else found by rendering
+    the kernel and recorded there."""
+    index = _index_path(config, folder or cache_dir(), plan)
+    with suppress(OSError, ValueError):
+        recorded = index.read_text()
+        if len(recorded) == 64:
+            int(recorded, 16)
+            return recorded
+    key = source_key(render(config, plan), config.isa)
+    _record_index(index, key)
+    return key
+
+
+def clear_index(folder: Path) -> None:
+    """Removes the index (`convgrad cache clear`); lookups render again to rebuild it."""
+    shutil.rmtree(folder / "index", ignore_errors=True)
+
+
+def _record_index(index: Path, key: str) -> None:
+    """Writes an index record (atomically; a cache that cannot be written goes without)."""
+    with suppress(OSError):
+        index.parent.mkdir(exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=index.parent, prefix=".tmp-",
+                                         delete=False) as f:
+            f.write(key)
+        try:
+            os.replace(f.name, index)
+        except OSError:
+            os.unlink(f.name)
+            raise
 
 
 def compiler_tag() -> str:
@@ -121,21 +171,24 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _entry_stem(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
+def _entry_stem(config: KernelConfig, folder: Path,
+                plan: Mapping[str, int] | None = None) -> str:
     """An entry's name up to its compiler tag: the same for every compiler."""
-    return f"{kernel_name(config, plan)}-{cache_key(config, plan)[:16]}"
+    return f"{kernel_name(config, plan)}-{cache_key(config, plan, folder)[:16]}"
 
 
 def library_path(config: KernelConfig, folder: Path | None = None,
                  plan: Mapping[str, int] | None = None) -> Path:
     """This compiler's entry for `config` (CompilerNotFoundError without a compiler)."""
-    return (folder or cache_dir()) / f"{_entry_stem(config, plan)}-{compiler_tag()}.so"
+    folder = folder or cache_dir()
+    return folder / f"{_entry_stem(config, folder, plan)}-{compiler_tag()}.so"
 
 
 def cached_libraries(config: KernelConfig, folder: Path | None = None,
                      plan: Mapping[str, int] | None = None) -> list[Path]:
     """The valid entries of `config` built by any compiler, in name order."""
-    found = (folder or cache_dir()).glob(f"{_entry_stem(config, plan)}-*.so")
+    folder = folder or cache_dir()
+    found = folder.glob(f"{_entry_stem(config, folder, plan)}-*.so")
     return sorted(p for p in found if is_valid(p))
 
 
@@ -219,12 +272,15 @@ def _build_in(config: KernelConfig, folder: Path,
     if found is not None:
         return found, False
     name = kernel_name(config, plan)
-    target = library_path(config, folder, plan)  # CompilerNotFoundError: nothing to use
+    tag = compiler_tag()  # CompilerNotFoundError: nothing to use
+    started = time.perf_counter()
+    source = render(config, plan)
+    key = source_key(source, config.isa)
+    _record_index(_index_path(config, folder, plan), key)
+    target = folder / f"{name}-{key[:16]}-{tag}.so"
     with FileLock(target.with_suffix(".lock")):
         if is_valid(target):  # another process built it meanwhile
             return target, False
-        started = time.perf_counter()
-        source = render(config, plan)
         with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
             c_file = Path(tmp) / f"{name}.c"
             c_file.write_text(source)

@@ -362,6 +362,7 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out = _stdout()
     if args.action == "clear":
         removed = cache.evict(folder, limit=0) if found else 0
+        cache.clear_index(folder)
         headers = pch.clear(folder)
         out.print(f"removed {removed} kernels and {headers} precompiled headers from {folder}")
         return 0
@@ -377,8 +378,8 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `convgrad` command."""
+def build_parser() -> argparse.ArgumentParser:
+    """The `convgrad` command's parser (its subcommands' `run` is in their defaults)."""
     parser = argparse.ArgumentParser(
         prog="convgrad", description="Specialized C kernels for the gradient ops of "
                                      "convolution: ahead-of-time builds and the kernel cache.")
@@ -389,5 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     _add_aot_parser(commands)
     _add_tune_parser(commands)
     _add_cache_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `convgrad` command."""
+    parser = build_parser()
     args = parser.parse_args(argv)
     return args.run(args, parser)

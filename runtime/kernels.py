@@ -17,7 +17,7 @@ import numpy as np
 
 from convgrad import cache
 from convgrad.cache import file_digest
-from convgrad.codegen import KernelConfig, generator_version
+from convgrad.codegen import KernelConfig, generator_version, render, source_digest
 from convgrad.codegen.plan import check_plan, kernel_name, plan_key, vendor_plan
 from convgrad.codegen.render import render_dims_declaration
 from convgrad.compiler import CompilerNotFoundError
@@ -99,10 +99,8 @@ def _read_manifests() -> dict[KernelConfig, tuple[Path, str, dict]]:
             continue
         try:
             data = json.loads(manifest.read_text())
-            if data.get("generator_version") != generator_version():
-                log.warning("ignoring %s: built by convgrad %s, this is %s", manifest,
-                            data.get("generator_version"), generator_version())
-                continue
+            # Another generator's kernels are used where it rendered the same C.
+            other = data.get("generator_version") != generator_version()
             if data.get("machine", host_family()) != host_family():
                 _refused.append(f"{folder} was built for {data['machine']}, not this "
                                 f"{host_family()} machine")
@@ -119,10 +117,19 @@ def _read_manifests() -> dict[KernelConfig, tuple[Path, str, dict]]:
                 log.warning("ignoring %s: %s does not match its recorded digest", manifest,
                             library)
                 continue
+            stale = 0
             for entry in data["kernels"]:
                 config = KernelConfig.from_dict(entry["config"])
                 plan = check_plan(entry.get("plan", {}))
+                if other and entry.get("source_sha256") != source_digest(render(config, plan)):
+                    stale += 1
+                    continue
                 index.setdefault(config, (library, kernel_name(config, plan), plan))
+            if stale:
+                log.warning("ignoring %d of the %d kernels of %s: built by convgrad %s, "
+                            "whose C for them differs from this version's (%s)", stale,
+                            len(data["kernels"]), manifest, data.get("generator_version"),
+                            generator_version())
         except (OSError, ValueError, KeyError, TypeError) as error:
             log.warning("ignoring unreadable AOT manifest %s: %s", manifest, error)
     return index

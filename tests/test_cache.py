@@ -206,6 +206,7 @@ def test_show_and_clear_commands(fresh_cache):
                            capture_output=True, text=True, check=True)
     assert f"removed 1 kernels and {headers} precompiled headers" in clear.stdout
     assert cache.entries(fresh_cache) == [] and pch.stored(fresh_cache) == (0, 0)
+    assert not (fresh_cache / "index").exists()
 
 
 def _no_compiler_env(folder: Path) -> dict:
@@ -298,3 +299,83 @@ def test_one_build_job_compiles_kernels_whole(fresh_cache, monkeypatch):
     monkeypatch.setenv("CONVGRAD_BUILD_JOBS", "two")
     with pytest.raises(ValueError, match="CONVGRAD_BUILD_JOBS"):
         cache.build_jobs()
+
+
+# Prints the generator version and one kernel's cache key from the package imported
+# (a copy of the sources, put first on the path).
+KEY_CHILD = textwrap.dedent("""
+    import convgrad
+    from convgrad import cache
+    from convgrad.codegen import KernelConfig, generator_version, render
+    assert convgrad.__file__.startswith({root!r}), convgrad.__file__
+    config = KernelConfig(family="bwd_weights", kernel=(1, 1), strides=(1, 1),
+                          dilations=(1, 1), groups=1, cin_per_group=64,
+                          cout_per_group=64, data_format="NXC", weights_format="XIO",
+                          dtype="f32", isa="avx2")
+    print(generator_version(), cache.source_key(render(config), "avx2"))
+""")
+
+
+def _package_copy(folder: Path, edit=None) -> tuple[str, str]:
+    """The generator version and a weight kernel's cache key from a copy of the package's
+    sources, `edit(codegen_folder)` applied to the copy first."""
+    package = folder / "convgrad"
+    shutil.copytree(ROOT / "runtime", package, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "codegen", package / "codegen",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "templates", package / "templates",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    if edit:
+        edit(package / "codegen")
+    result = subprocess.run([sys.executable, "-c", KEY_CHILD.format(root=str(folder))],
+                            env={**os.environ, "PYTHONPATH": str(folder)}, cwd=folder,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    version, key = result.stdout.split()
+    return version, key
+
+
+def test_the_cache_key_follows_the_rendered_c_not_the_generator_sources(tmp_path):
+    """A comment-only edit of the generator changes its version (the index's key) but not
+    a kernel's cache key; a rule's value that the kernel reads changes both."""
+    def comment(codegen: Path) -> None:
+        plan = codegen / "plan.py"
+        plan.write_text(plan.read_text() + "\n# a comment-only edit\n")
+
+    def rule(codegen: Path) -> None:
+        plan = codegen / "plan.py"
+        text = plan.read_text()
+        assert "\nCHUNK_PIXELS = 128\n" in text
+        plan.write_text(text.replace("\nCHUNK_PIXELS = 128\n", "\nCHUNK_PIXELS = 96\n"))
+
+    original = _package_copy(tmp_path / "a")
+    commented = _package_copy(tmp_path / "b", comment)
+    changed = _package_copy(tmp_path / "c", rule)
+    assert commented[0] != original[0] and commented[1] == original[1]
+    assert changed[0] != original[0] and changed[1] != original[1]
+
+
+def test_an_entry_is_found_through_the_index_or_by_rendering(fresh_cache, monkeypatch):
+    """The index leads from a configuration to its entry without rendering; without the
+    index the kernel is rendered, its entry found under the same key (no compile), and
+    the index written again."""
+    from convgrad.codegen import KernelConfig
+
+    config = KernelConfig(family="bwd_data", kernel=(3,), strides=(2,),
+                          dilations=(1,), groups=1, cin_per_group=5, cout_per_group=7,
+                          data_format="NXC", weights_format="XIO", dtype="f32",
+                          isa=convgrad.cpu.available_isas()[0])
+    built, compiled = cache.build(config)
+    assert compiled
+    index = list((fresh_cache / "index").iterdir())
+    assert len(index) == 1 and built.name.split("-")[-2] == index[0].read_text()[:16]
+
+    def no_render(*args, **kwargs):
+        raise AssertionError("rendered although the index holds the key")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cache, "render", no_render)
+        assert cache.find(config) == built
+    index[0].unlink()
+    assert cache.build(config) == (built, False)
+    assert index[0].read_text() == cache.source_key(convgrad.codegen.render(config), config.isa)

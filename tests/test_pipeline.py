@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from test_ops import assert_exact
 
 import convgrad
 from convgrad import aot, cache, kernels, pch
-from convgrad.codegen import render
+from convgrad.codegen import KernelConfig, render
 from convgrad.cpu import selected_isa
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -153,7 +154,7 @@ def test_aot_manifest_names_the_isa_its_kernels_use(tmp_path):
     assert manifest["cpu_features"] == sorted(ISA_FEATURES[manifest["isa"]])
 
 
-def test_aot_build_runs_without_a_compiler(tmp_path):
+def test_aot_build_runs_without_a_compiler(tmp_path, monkeypatch, caplog):
     layer_file = tmp_path / "layers.json"
     layer_file.write_text(json.dumps(LAYERS))
     out = tmp_path / "aot"
@@ -189,6 +190,17 @@ def test_aot_build_runs_without_a_compiler(tmp_path):
                             text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['aot']"
+
+    # Another generator version's folder: its kernels whose C this version renders alike
+    # are used; one whose recorded C differs is left out, with a warning.
+    manifest["generator_version"] = "0.0.0+another"
+    manifest["kernels"][1]["source_sha256"] = "0" * 64
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setenv("CONVGRAD_AOT_PATH", str(out))
+    with caplog.at_level(logging.WARNING, logger="convgrad"):
+        index = kernels._read_manifests()
+    assert list(index) == [KernelConfig.from_dict(manifest["kernels"][0]["config"])]
+    assert "ignoring 1 of the 2 kernels" in caplog.text
 
 
 def test_aot_main_job_checks_resnet_layers(tmp_path):
