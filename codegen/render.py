@@ -11,7 +11,8 @@ from pathlib import Path
 import jinja2
 
 from convgrad.codegen.config import KernelConfig
-from convgrad.codegen.plan import EMPTY_PLAN, SIMD, render_context
+from convgrad.codegen.isa import SIMD
+from convgrad.codegen.plan import EMPTY_PLAN, render_context
 
 PACKAGE_VERSION = "0.1.0"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import archspec.cpu
 
-from convgrad.codegen.plan import ISA_FEATURES
+from convgrad.codegen.isa import ISA_FEATURES
 
 # SVE vector lengths archspec does not record (bits); convgrad's SVE path is 256-bit.
 SVE_BITS = {"neoverse_v1": 256, "a64fx": 512}

@@ -36,8 +36,9 @@ from convgrad import api, kernels, pch, tuning
 from convgrad.cache import cache_dir, file_digest
 from convgrad.codegen import OPS, KernelConfig, generator_version, render, source_digest
 from convgrad.codegen.config import ISAS
+from convgrad.codegen.isa import ISA_FEATURES
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
-from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name, vendor_plan
+from convgrad.codegen.plan import candidates, check_plan, kernel_name, vendor_plan
 from convgrad.codegen.render import render_header
 from convgrad.codegen.targets import Target
 from convgrad.compiler import (

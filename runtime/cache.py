@@ -43,7 +43,8 @@ from filelock import FileLock
 
 from convgrad import pch
 from convgrad.codegen import KernelConfig, generator_version, render, source_digest
-from convgrad.codegen.plan import ISA_FEATURES, compile_parts, kernel_name
+from convgrad.codegen.isa import ISA_FEATURES
+from convgrad.codegen.plan import compile_parts, kernel_name
 from convgrad.compiler import (
     CompilerNotFoundError,
     compile_flags,

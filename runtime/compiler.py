@@ -10,7 +10,7 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
-from convgrad.codegen.plan import ISA_EXTRA_FLAGS, ISA_FLAGS
+from convgrad.codegen.isa import ISA_EXTRA_FLAGS, ISA_FLAGS
 from convgrad.codegen.targets import compiler_kind, target
 
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-fopenmp", "-fno-math-errno")

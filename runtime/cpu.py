@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 
 from convgrad.codegen.config import ISAS
-from convgrad.codegen.plan import runnable_isas
+from convgrad.codegen.isa import runnable_isas
 
 X86_ISAS = ("avx512bf16", "avx512", "avx2", "portable")
 AARCH64_ISAS = ("sve256", "neon", "portable")

@@ -36,7 +36,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from convgrad.codegen import render_prelude
-from convgrad.codegen.plan import SIMD
+from convgrad.codegen.isa import SIMD
 from convgrad.codegen.targets import compiler_kind
 from convgrad.compiler import (
     LINK_FLAGS,

@@ -40,7 +40,8 @@ from filelock import FileLock
 
 from convgrad import cache, kernels
 from convgrad.codegen import KernelConfig, Problem, generator_version
-from convgrad.codegen.plan import ISA_FEATURES, candidates, check_plan, kernel_name, plan_key
+from convgrad.codegen.isa import ISA_FEATURES
+from convgrad.codegen.plan import candidates, check_plan, kernel_name, plan_key
 from convgrad.codegen.targets import host
 from convgrad.cpu import cpu_features, cpu_model, cpu_vendor
 from convgrad.threads import get_num_threads

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import convgrad
 from convgrad import api
 from convgrad.codegen import KernelConfig
-from convgrad.codegen.plan import AMX_FEATURES
+from convgrad.codegen.isa import AMX_FEATURES
 from convgrad.reference import OP_KINDS
 
 FUNCTIONS = {spec.kind: getattr(convgrad, spec.function) for spec in api.OPS.values()}
@@ -283,7 +283,7 @@ def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, ker
     (vector blocks of 3, part of a cache line) each row sweeps a part's channels pixel by
     pixel (pixel_sweep); else register tiles."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import depthwise_weight_rows
+    from convgrad.codegen.rules_groups import depthwise_weight_rows
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case("ConvolutionBackwardWeights", spatial=spatial, kernel=kernel,
@@ -326,7 +326,7 @@ def test_depthwise_weights_with_every_tap_in_registers(isa, geometry, plan, thre
     3-D and 1-D, on 1-3 threads. Where the taps do not fit beside a vector (5x5 on avx2)
     the plan keeps the row kernels."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import depthwise_weight_rows
+    from convgrad.codegen.rules_groups import depthwise_weight_rows
 
     case = make_case("ConvolutionBackwardWeights", **ALL_TAPS_GEOMETRY[geometry], seed=12)
     config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
@@ -342,7 +342,8 @@ def test_every_tap_in_registers_is_a_tuning_candidate_where_the_taps_fit():
     """The planner (no CPU needed): all_taps is never the rules' plan; it is a candidate
     where the taps of a kd and one diff_dst vector fit the accumulators (3x3: 2 vectors
     on avx512, 1 on avx2; 5x5 avx512 only), and wins over pixel_sweep and slide."""
-    from convgrad.codegen.plan import candidates, depthwise_weight_rows
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_groups import depthwise_weight_rows
 
     def config(kernel=(3, 3), isa="avx512"):
         ones = (1,) * len(kernel)
@@ -423,7 +424,8 @@ def test_overlapping_tap_runs_by_rule():
     """Direct data gradients (and ConvTranspose's, fwd) overlap their runs by rule, in
     every dtype and layout; disjoint runs stay a candidate. Depthwise layers keep their
     own runs."""
-    from convgrad.codegen.plan import candidates, overlap_runs, render_context
+    from convgrad.codegen.plan import candidates, render_context
+    from convgrad.codegen.rules_data import overlap_runs
 
     def config(dtype="f32", fmt="NXC", family="bwd_data", groups=1, channels=64):
         return KernelConfig(family, (3, 3), (1, 1), (1, 1), groups, channels, channels, fmt,
@@ -444,7 +446,8 @@ def test_row_vector_blocks_inner_by_rule():
     pass's weights take at most ROW_VB_INNER_BYTES; larger weights, kernels of several
     taps and single vector blocks keep each vector block over every row; the other
     order stays a candidate."""
-    from convgrad.codegen.plan import ROW_VB_INNER_BYTES, candidates, direct_tiles
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_data import ROW_VB_INNER_BYTES, direct_tiles
 
     def config(cin, cout, kernel=(1, 1), family="bwd_data", isa="avx512", fmt="NXC"):
         return KernelConfig(family, kernel, (2, 2), (1, 1), 1, cin, cout, fmt, "XIO", "f32",
@@ -467,14 +470,11 @@ def test_tile_loops_unroll_where_registers_allow():
     on x86 where a tile's accumulators, vector operands and broadcast fit the registers: avx2's
     4 x 3 (16 registers) does, its 3 x 4 (17) does not, nor does avx512's 7 x 4 (33).
     {"step_unroll": 1} is a candidate and unrolls none."""
-    from convgrad.codegen.plan import (
-        STEP_UNROLL,
-        candidates,
-        direct_tiles,
-        unrolled_tiles,
-        weight_tiles,
-    )
+    from convgrad.codegen.plan import candidates
     from convgrad.codegen.render import render
+    from convgrad.codegen.rules_common import unrolled_tiles
+    from convgrad.codegen.rules_data import STEP_UNROLL, direct_tiles
+    from convgrad.codegen.rules_weights import weight_tiles
 
     assert unrolled_tiles("avx2", [(4, 3), (3, 4), (6, 2), (2, 1)]) == [(4, 3), (6, 2), (2, 1)]
     assert unrolled_tiles("avx512", [(7, 4), (9, 3), (6, 4)]) == [(9, 3), (6, 4)]
@@ -506,13 +506,10 @@ def test_channels_first_pointwise_passes_by_rule():
     """Channels-first 1x1 tiles whose pixel block of every reduced channel takes more
     than NCX_L1_INPUT_BYTES reduce in passes of whole partial-sum chains; the one pass
     stays a candidate."""
-    from convgrad.codegen.plan import (
-        NCX_L1_INPUT_BYTES,
-        VECTOR_LANES,
-        candidates,
-        partial_steps,
-        pointwise_ncx_tiles,
-    )
+    from convgrad.codegen.isa import VECTOR_LANES
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_common import partial_steps
+    from convgrad.codegen.rules_data import NCX_L1_INPUT_BYTES, pointwise_ncx_tiles
 
     def config(reduced, isa="avx512"):
         return KernelConfig("bwd_data", (1, 1), (1, 1), (1, 1), 1, 64, reduced, "NCX",
@@ -539,7 +536,7 @@ def test_long_tile_only_for_runs_of_its_height(isa, width, dtype, monkeypatch):
     vectors); longer runs, its multiples too, go in near-equal tiles no taller than a
     tile. Bit for bit with the reference, and on 1 and 2 threads alike."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import direct_tiles
+    from convgrad.codegen.rules_data import direct_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case("ConvolutionBackwardData", spatial=(3, width), kernel=(3, 3),
@@ -566,7 +563,7 @@ def test_channels_first_pointwise_in_place(isa, op, spatial, groups, channels, m
     long reductions in passes over a pixel block); smaller images and pads take the
     transposing path."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import pointwise_ncx_tiles
+    from convgrad.codegen.rules_data import pointwise_ncx_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case(op, spatial=spatial, kernel=(1,) * len(spatial), in_channels=channels[0],
@@ -603,7 +600,7 @@ def test_channels_first_pointwise_head_block(isa, op, spatial, channels):
     only): exact with the inputs and the result at any float offset, on 1 and 2 threads."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import NCX_HEAD_MIN_REDUCED, pointwise_ncx_tiles
+    from convgrad.codegen.rules_data import NCX_HEAD_MIN_REDUCED, pointwise_ncx_tiles
 
     case = make_case(op, spatial=spatial, kernel=(1,) * len(spatial), in_channels=channels[0],
                      out_channels=channels[1], batch=2, data_format="NCX", seed=15)
@@ -634,7 +631,8 @@ def test_amx_tiles_by_rule():
     in multiples of 32 on both sides, on the avx512bf16 path, with any taps and strides
     (backward data with strides and taps by phase of the result)."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import amx_tiles, candidates
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_amx import amx_tiles
 
     def config(op="ConvolutionBackwardData", channels=(64, 96), dtype="bf16", fmt="NXC",
                kernel=(1, 1), groups=1, strides=None, isa="avx512bf16", spatial=(4, 6)):
@@ -984,7 +982,7 @@ def test_depthwise_sliding_tiles(isa, op, channels, dilation, width, data_format
     sliding tiles (each input column loaded once for all taps), the rest of the run and
     the edges in the usual tiles: channel tails, dilation, 1-3 tiles per run."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import slide_rows
+    from convgrad.codegen.rules_groups import slide_rows
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case(op, spatial=(3, width), kernel=(2, 3), in_channels=channels,
@@ -1030,7 +1028,7 @@ def test_depthwise_results_stream_past_the_caches(isa, geometry, op):
     with non-temporal stores, in whole cache lines, on 1 and 2 threads; a result that
     does not start on a cache line takes ordinary stores. Both exact."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import stream_min_bytes
+    from convgrad.codegen.rules_data import stream_min_bytes
 
     case = make_case(op, **STREAM_GEOMETRY[geometry], batch=2, seed=4)
     plan = {"stream_kb": 1, "group_lanes": 1} if geometry == "groups" else {"stream_kb": 1}
@@ -1049,7 +1047,7 @@ def test_streaming_is_planned_for_f32_channels_last_data_only():
     weights, 1x1 forward convolutions (fwd), f16/bf16, NCX, channel counts off a line,
     other dense kernels, the portable path, or stream_kb=0, which keeps the 3-vector rule
     on avx2."""
-    from convgrad.codegen.plan import STREAM_MIN_KB, direct_tiles, stream_min_bytes
+    from convgrad.codegen.rules_data import STREAM_MIN_KB, direct_tiles, stream_min_bytes
 
     def config(family="bwd_data", groups=64, cin=1, cout=1, fmt="NXC", dtype="f32",
                isa="avx2", kernel=(3, 3)):
@@ -1102,7 +1100,7 @@ def test_pointwise_results_stream_past_the_caches(isa, geometry, op):
     over the reduced channels too; a result off a cache line takes ordinary stores, and
     so does the forward convolution (ConvTransposeBackwardData). Exact."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import stream_min_bytes
+    from convgrad.codegen.rules_data import stream_min_bytes
 
     case = make_case(op, **POINTWISE_STREAM_GEOMETRY[geometry], kernel=(1, 1), batch=2,
                      seed=6)
@@ -1229,7 +1227,8 @@ def test_dot_products_are_a_tuning_candidate_only():
     """The planner (pure: no CPU needed) never picks the pixel-dot plan by its rules; it is
     a candidate wherever stride 1 along w lets it run (any kernel, stride along h, any
     path), never for other dtypes or NXC."""
-    from convgrad.codegen.plan import candidates, dot_tiles
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_weights import dot_tiles
 
     def config(kernel=(1, 1), strides=(1, 1), cout=512, isa="avx2", dtype="f32", fmt="NCX"):
         return KernelConfig("bwd_weights", kernel, strides, (1, 1), 1, 256, cout, fmt, "OIX",
@@ -1295,7 +1294,7 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
     (direct.c.j2's: where these few result channels would take col2im, forced off.)"""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import col2im_eligible
+    from convgrad.codegen.rules_data import col2im_eligible
 
     case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
                      dtype=dtype, seed=17)
@@ -1332,7 +1331,7 @@ def test_ncx_data_gradients_in_bands_of_rows(isa, geometry, op, dtype):
     (direct.c.j2's: col2im off.)"""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import band_bytes, col2im_eligible
+    from convgrad.codegen.rules_data import band_bytes, col2im_eligible
 
     case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
                      dtype=dtype, seed=19)
@@ -1490,10 +1489,10 @@ def test_image_blocks_by_rule():
     batch), never in channels-last ones (no copies, or rounded in the tiles); and in bf16
     weight gradients with vdpbf16ps in both layouts (WEIGHT_IMAGE_BLOCK_BYTES of pair
     copies), never where they widen to f32 or in f32 ones, a candidate either way."""
-    from convgrad.codegen.plan import (
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_data import (
         IMAGE_BLOCK_BYTES,
         WEIGHT_IMAGE_BLOCK_BYTES,
-        candidates,
         image_block_bytes,
     )
 
@@ -1527,12 +1526,12 @@ def test_bands_by_rule():
     (rows of several planes), 1x1 stride-1 layers, bf16 pairs, channels-last data, weight
     gradients, or weights past BAND_MAX_WEIGHT_BYTES (those keep blocks of images); the
     other choice is a candidate either way."""
-    from convgrad.codegen.plan import (
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_data import (
         BAND_BYTES,
         BAND_MAX_WEIGHT_BYTES,
         IMAGE_BLOCK_BYTES,
         band_bytes,
-        candidates,
         image_block_bytes,
     )
 
@@ -1602,7 +1601,7 @@ def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtyp
     ISA path, on 1 and 2 threads: channel tails, groups, strides, dilations, pads, several
     chunks; exact on both thread counts."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import weight_tiles
+    from convgrad.codegen.rules_weights import weight_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case(op, **PACKED_WEIGHT_GEOMETRY[geometry], data_format=data_format,
@@ -1627,8 +1626,9 @@ def test_strided_pointwise_weight_gradient_read_in_place(isa, monkeypatch):
     """1x1 f32 channels-last weight gradients with strides read both inputs in place by
     the rules (the pixels a stride skips never enter a sum): exact with channel tails and
     pads, the same bits on 1 and 2 threads, on every path."""
+    from convgrad.codegen.isa import VECTOR_LANES
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import VECTOR_LANES, weight_tiles
+    from convgrad.codegen.rules_weights import weight_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case("ConvolutionBackwardWeights", spatial=(23, 30), kernel=(1, 1),
@@ -1646,7 +1646,7 @@ def test_ncx_weights_read_in_place_with_sums_beyond_l2(isa, monkeypatch):
     """avx512 NCX 3x3 weight gradients with sums past 1 MB read src in place in chunks by
     bytes (several here): exact, the same bits on 1 and 2 threads."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import weight_tiles
+    from convgrad.codegen.rules_weights import weight_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case("ConvolutionBackwardWeights", spatial=(22, 40), kernel=(3, 3),
@@ -1667,7 +1667,9 @@ def test_ncx_weights_with_more_outputs_read_src_in_place(isa, monkeypatch):
     stride 2; 5 -> 37 with dilation and a channel tail), unless their sums pass the
     path's limit; not 1x1, grouped, f16 ones nor Intel's: exact on 1 and 2 threads."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import PACKED_NCX_VENDORS, vendor_plan, weight_tiles
+    from convgrad.codegen.plan import vendor_plan
+    from convgrad.codegen.rules_weights import weight_tiles
+    from convgrad.codegen.vendors import PACKED_NCX_VENDORS
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
 
@@ -1722,7 +1724,7 @@ def test_weight_gradient_in_pixel_slices(isa, geometry, data_format, dtype, monk
     exact, and the same bits on 1, 2 and 3 threads (3 threads share 4 slices unevenly,
     more threads than slices share a slice's tiles)."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import SLICE_MIN_PIXELS, weight_tiles
+    from convgrad.codegen.rules_weights import SLICE_MIN_PIXELS, weight_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[geometry],
@@ -1753,7 +1755,9 @@ def test_weight_sums_in_the_weights_by_rule():
     slice add their sums in the user's weights (rows unpadded), and {"sums_in_output": 0}
     is then a candidate; never other dtypes, OIX, groups, channel tails, several slices,
     or rows of 2048 floats on 8-lane paths."""
-    from convgrad.codegen.plan import VECTOR_LANES, candidates, weight_tiles
+    from convgrad.codegen.isa import VECTOR_LANES
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_weights import weight_tiles
 
     def config(cout=512, isa="avx512", dtype="f32", wfmt="XIO", groups=1, kernel=(3, 3),
                cin=256):
@@ -1789,7 +1793,7 @@ def test_weight_sums_in_the_weights(isa, geometry, op, data_format, packed):
     format whose kernel writes XIO: NCX and ConvTranspose kernels may swap the roles.)"""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import weight_tiles
+    from convgrad.codegen.rules_weights import weight_tiles
 
     for weights_format in ("XOI", "IOX") if op in TRANSPOSE else ("XIO", "OIX"):
         case = make_case(op, **WEIGHTS_AS_SUMS_GEOMETRY[geometry], data_format=data_format,
@@ -1860,7 +1864,7 @@ def test_grouped_layers_across_groups(isa, op, geometry, data_format, dtype, mon
     ISA path where the rules would not take it: exact, and the same bits on 1, 2 and 3
     threads."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import data_across_groups, weights_across_groups
+    from convgrad.codegen.rules_groups import data_across_groups, weights_across_groups
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case(op, **GROUP_LANES_GEOMETRY[geometry], data_format=data_format,
@@ -1886,7 +1890,8 @@ def test_grouped_layers_across_groups_by_rule():
     vectorised channels fill at most 6/8 of a vector's lanes with 5 taps or more, 3/8
     with fewer (weight gradients), 4/8 and 2/8 (data gradients; never 1x1, nor with
     more than 256 products per output); never depthwise; a candidate either way."""
-    from convgrad.codegen.plan import candidates, data_across_groups, weights_across_groups
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_groups import data_across_groups, weights_across_groups
 
     def config(kernel=(3, 3), groups=32, cin=4, cout=4, isa="avx2", family="bwd_weights"):
         return KernelConfig(family, kernel, (1,) * len(kernel), (1,) * len(kernel),
@@ -1921,7 +1926,8 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
     """The planner's rule (pure: no CPU needed), on both vector widths; f32
     channels-last layers read in place within IN_PLACE_MAX_COUT (avx2: 1x1 ones only);
     1x1 stride-1 NCX layers whose sums exceed L2 take blocks of 2 vectors on Intel."""
-    from convgrad.codegen.plan import vendor_plan, weight_tiles
+    from convgrad.codegen.plan import vendor_plan
+    from convgrad.codegen.rules_weights import weight_tiles
 
     def packed(kernel, groups, cin_per_group, cout_per_group, data_format, dtype="f32"):
         rank = len(kernel)
@@ -1970,7 +1976,7 @@ def test_packed_panels_where_a_value_feeds_enough_multiply_adds(isa):
 def test_weight_tiles_of_near_equal_height():
     """Weight-gradient tiles split a group's input channels into tiles of near-equal
     height, not full tiles and a short one."""
-    from convgrad.codegen.plan import weight_tiles
+    from convgrad.codegen.rules_weights import weight_tiles
 
     def rows(cin, isa, cout=32):
         tiles = weight_tiles(KernelConfig("bwd_weights", (3, 3, 3), (1, 1, 1), (1, 1, 1), 8,
@@ -1993,13 +1999,13 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
     several chunks here (rows of 5 pixels: 104 rows are 2-5 small chunks, 3 of 512
     pixels over both images, or 2 large ones for 280 x 300 channels), exact on 1 and 2
     threads, and so does the plan with the other kind of chunks."""
-    from convgrad.codegen.plan import (
+    from convgrad.codegen.isa import VECTOR_LANES
+    from convgrad.codegen.rules_weights import (
         CHUNK_PIXELS,
         NCX_LIGHT_CHUNK_PIXELS,
         NCX_LIGHT_MACS,
         NXC_IN_PLACE_CHUNK_PIXELS,
         PACKED_OVERLAP_CHUNK_PIXELS,
-        VECTOR_LANES,
         weight_tiles,
     )
 
@@ -2222,7 +2228,7 @@ def test_taller_tiles_for_a_narrower_last_vector_block(isa, dtype):
     the last block's tiles are taller (rule checked on the plan). Rows of 20 pixels fill
     them; 9 taps x 40 channels flush partial sums, and a small weight chunk makes later
     chunks add to earlier ones; bit for bit on 1 and 2 threads."""
-    from convgrad.codegen.plan import direct_tiles
+    from convgrad.codegen.rules_data import direct_tiles
 
     config = KernelConfig("bwd_data", (3, 3), (1, 1), (1, 1), 1, 136, 40, "NXC", "XIO",
                           "f32", "avx2")
@@ -2356,8 +2362,10 @@ def test_few_result_channels_run_by_col2im(isa, geometry, data_format, dtype, op
     avx512bf16: a quarter, else bf16 pairs in the direct tiles), and the columns fill
     more; NCX f32 diff_dst read in place (or transposed, a candidate); exact on 1, 2 and
     3 threads, every path."""
+    from convgrad.codegen.isa import VECTOR_LANES
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.plan import VECTOR_LANES, candidates, col2im
+    from convgrad.codegen.plan import candidates
+    from convgrad.codegen.rules_data import col2im
 
     case = make_case(op, **COL2IM_GEOMETRY[geometry], data_format=data_format, dtype=dtype,
                      seed=14)

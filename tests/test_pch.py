@@ -15,7 +15,7 @@ from test_ops import assert_exact
 import convgrad
 from convgrad import cache, kernels, pch
 from convgrad.codegen import KernelConfig, render, render_prelude
-from convgrad.codegen.plan import SIMD
+from convgrad.codegen.isa import SIMD
 from convgrad.compiler import compile_flags, compiler_command
 from convgrad.cpu import available_isas
 

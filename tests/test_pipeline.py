@@ -142,7 +142,7 @@ LAYERS = [
 def test_aot_manifest_names_the_isa_its_kernels_use(tmp_path):
     """An f32 build on an AVX512-BF16 CPU is an avx512 build: its manifest must not
     demand avx512_bf16 (avx512bf16 adds nothing for f32)."""
-    from convgrad.codegen.plan import ISA_FEATURES
+    from convgrad.codegen.isa import ISA_FEATURES
 
     layer_file = tmp_path / "layers.json"
     layer_file.write_text(json.dumps(LAYERS[:1]))  # one f32 layer
@@ -292,7 +292,8 @@ def test_isa_paths_follow_cpu_features():
     """avx512bf16 needs AVX512-BF16 on top of AVX-512; without it bf16 falls back to the
     f32-widening avx512 path, and f32/f16 kernels are the avx512 ones either way."""
     from convgrad.codegen import KernelConfig
-    from convgrad.codegen.plan import ISA_FLAGS, runnable_isas, uses_bf16_dot
+    from convgrad.codegen.isa import ISA_FLAGS, runnable_isas
+    from convgrad.codegen.rules_common import uses_bf16_dot
 
     assert runnable_isas(AVX512) == ["avx512", "avx2", "portable"]
     assert runnable_isas(AVX512 | {"avx512_bf16"})[0] == "avx512bf16"

@@ -20,16 +20,9 @@ import convgrad
 from convgrad import kernels, tuning
 from convgrad.codegen import KernelConfig
 from convgrad.codegen.ops import resolve
-from convgrad.codegen.plan import (
-    CHUNK_PIXELS,
-    PLAN_CHOICES,
-    candidates,
-    check_plan,
-    kernel_name,
-    render_context,
-    weight_tiles,
-)
+from convgrad.codegen.plan import PLAN_CHOICES, candidates, check_plan, kernel_name, render_context
 from convgrad.codegen.render import render
+from convgrad.codegen.rules_weights import CHUNK_PIXELS, weight_tiles
 
 ROOT = Path(__file__).resolve().parent.parent
 ISAS = convgrad.cpu.available_isas()
@@ -73,7 +66,7 @@ def test_candidates_render_different_kernels(isa):
 def test_long_reductions_transpose_ncx_pointwise():
     """1x1 NCX data gradients reducing over more than 512 channels transpose by rule,
     and the tuner offers the in-place plan; up to 512 the rule reads in place."""
-    from convgrad.codegen.plan import pointwise_ncx_tiles
+    from convgrad.codegen.rules_data import pointwise_ncx_tiles
 
     for isa in ("avx512", "avx2"):
         long = _config("bwd_data", (1, 1), 256, 1024, "NCX", isa=isa)
@@ -90,7 +83,8 @@ def test_avx2_vector_blocks_stay_candidates():
     and up to WIDE_MAX_CHANNELS vectorised channels, 6 x 2 weight tiles for 1x1 layers),
     the usual 3-vector block is a candidate, and the wide data block one for the other
     layers."""
-    from convgrad.codegen.plan import WIDE_MAX_CHANNELS, direct_tiles
+    from convgrad.codegen.rules_common import WIDE_MAX_CHANNELS
+    from convgrad.codegen.rules_data import direct_tiles
 
     few = _config("bwd_data", (3, 3), WIDE_MAX_CHANNELS, 64, isa="avx2")
     many = _config("bwd_data", (3, 3), WIDE_MAX_CHANNELS + 8, 64, isa="avx2")
@@ -125,7 +119,9 @@ def test_intel_keeps_avx2_data_tiles_of_3_vectors():
     """On Intel the avx2 data tiles the wide rule gives 4 vectors keep 3 (NARROW_VENDORS):
     that is the rules' plan there and the first candidate, with the vendor-free rules
     a candidate too; other vendors, paths, ops and layers keep the rules."""
-    from convgrad.codegen.plan import WIDE_MAX_CHANNELS, direct_tiles, vendor_plan
+    from convgrad.codegen.plan import vendor_plan
+    from convgrad.codegen.rules_common import WIDE_MAX_CHANNELS
+    from convgrad.codegen.rules_data import direct_tiles
 
     wide = _config("bwd_data", (3, 3), 64, 64, isa="avx2")
     intel = vendor_plan(wide, "GenuineIntel")
@@ -149,7 +145,9 @@ def test_ncx_weights_read_in_place_while_sums_stay_in_l2_but_on_intel_avx2():
     while their sums fit SUMS_IN_L2_BYTES, then pack; on Intel the rules' plan packs from
     INTEL_NCX_IN_PLACE_MAX_SUMS on (PACKED_NCX_VENDORS), and reading in place stays a
     candidate. avx512 and NXC layers, and more outputs than inputs, keep their rules."""
-    from convgrad.codegen.plan import INTEL_NCX_IN_PLACE_MAX_SUMS, SUMS_IN_L2_BYTES, vendor_plan
+    from convgrad.codegen.plan import vendor_plan
+    from convgrad.codegen.rules_weights import SUMS_IN_L2_BYTES
+    from convgrad.codegen.vendors import INTEL_NCX_IN_PLACE_MAX_SUMS
 
     def ncx(kernel, cin, cout, isa="avx2"):
         return _config("bwd_weights", kernel, cin, cout, data_format="NCX", isa=isa)
@@ -253,7 +251,8 @@ def test_intel_widens_bf16():
     """On Intel, bf16 kernels on the avx512bf16 path widen to f32 (WIDEN_BF16_VENDORS):
     the rules' plan there, with the pairs (vdpbf16ps) the second candidate; elsewhere the
     pairs stay the rule and widening a candidate. Depthwise kernels always widen."""
-    from convgrad.codegen.plan import uses_bf16_dot, vendor_plan
+    from convgrad.codegen.plan import vendor_plan
+    from convgrad.codegen.rules_common import uses_bf16_dot
 
     for family in ("bwd_data", "bwd_weights"):
         pairs = _config(family, (3, 3), 64, 64, dtype="bf16", isa="avx512bf16")
@@ -276,7 +275,9 @@ def test_kernels_built_for_a_cpu_without_amx_leave_it_out(fresh_cache):
     where the CPU has AMX, and for a build that may run elsewhere (no features: ahead
     of time), the rules keep it. The runtime's lazily compiled kernel follows this CPU."""
     from convgrad import kernels
-    from convgrad.codegen.plan import AMX_FEATURES, amx_tiles, vendor_plan
+    from convgrad.codegen.isa import AMX_FEATURES
+    from convgrad.codegen.plan import vendor_plan
+    from convgrad.codegen.rules_amx import amx_tiles
 
     carries = _config("bwd_weights", (3, 3), 64, 64, dtype="bf16", isa="avx512bf16")
     assert amx_tiles(carries)["amx"]
@@ -352,7 +353,7 @@ def test_narrow_rows_pad_by_rule():
     padded input into its workspace only with disjoint runs (its rule overlaps them), a
     dilation-3 3x3 on 11 columns (42% zeros, no tap reaching every column) does not even
     when its plan asks for padding."""
-    from convgrad.codegen.plan import PAD_MIN_FMAS, pad_columns_below
+    from convgrad.codegen.rules_data import PAD_MIN_FMAS, pad_columns_below
 
     assert pad_columns_below(_config("bwd_data", (3, 3), 512, 512, isa="avx2")) > 0
     small = _config("bwd_data", (3, 3, 3), 16, 32, groups=16, isa="avx2")

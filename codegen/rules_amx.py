@@ -1,0 +1,55 @@
+"""Planner rules of the AMX path (bf16 tiles on CPUs with AMX-BF16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from math import prod
+
+from convgrad.codegen.config import KernelConfig
+from convgrad.codegen.plan_choices import EMPTY_PLAN
+from convgrad.codegen.rules_common import _reduced_channels
+
+# Outputs per band of the AMX path's KxK data gradients (amx_rows.h.j2): whole rows of
+# the input width plus the kernel's extent, about this many, copied per thread with their
+# rows above and below (56x56x64 bf16: 18 rows, 150 KB), so that the last block's
+# overrun past a band is small.
+AMX_BAND_PIXELS = 1024
+# Bytes of the AMX weight gradients' copies per band (amx_weights.h.j2): src channels
+# first and diff_dst pairs, (CIN + COUT) x 2 bytes a pixel, about this much (in L2 while
+# every block runs over them), and at least AMX_WEIGHT_MIN_BAND pixels, so that a block's
+# sums go in and out of its tiles once per 8 multiplies or fewer.
+AMX_WEIGHT_BAND_BYTES = 1 << 20
+AMX_WEIGHT_MIN_BAND = 256
+
+
+def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+    """Whether a kernel carries the AMX path (amx.h.j2): bf16 (channels first through
+    channels-last copies), one group, channels in whole blocks of 32 on both sides, any
+    taps (the copies of a band are made once per depth tap) and any strides: fwd and
+    bwd_weights by phase of the stride (the band's copies split the input by phase),
+    bwd_data with taps by phase of the result (amx_phases.h.j2), 1x1 bwd_data with the
+    result's pixels between zero. The kernel takes it on a CPU with AMX-BF16 (which it
+    checks at run time), else runs its other tiles."""
+    one_by_one = all(k == 1 for k in config.kernel)
+    pointwise = config.pointwise or (config.family == "bwd_data" and one_by_one)
+    eligible = (config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
+                and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0)
+    if not (eligible and plan.get("amx", 1)):
+        return {"amx": False}
+    if config.family == "bwd_weights":
+        pixels = AMX_WEIGHT_BAND_BYTES // (2 * (config.cin_per_group + config.cout_per_group))
+        return {"amx": True, "amx_band_pixels": max(AMX_WEIGHT_MIN_BAND, pixels)}
+    # how the weights repack: a pair of reduced channels is one 32-bit word of the user's
+    # weights where the reduced channels are their contiguous axis (bwd_data XIO: [i][o],
+    # fwd OIX 1x1: [o][i], fwd OXI); the output channels are, in the other two 1x1 cases,
+    # fwd XIO and bwd_data OXI; OIX with several taps has neither
+    one_tap = prod(config.kernel) == 1
+    fmt, data = config.weights_format, config.family == "bwd_data"
+    if (fmt == "OXI" and not data) or data == (fmt == "XIO") and (one_tap or fmt == "XIO"):
+        pack = "pairs"
+    else:
+        pack = "rows" if one_tap or fmt in ("XIO", "OXI") else "values"
+    phases = config.family == "bwd_data" and not pointwise and any(s > 1 for s in config.strides)
+    return {"amx": True, "amx_pointwise": pointwise, "amx_phases": phases, "amx_pack": pack,
+            "amx_band_pixels": AMX_BAND_PIXELS}
