@@ -7,7 +7,9 @@ the planner's rules. The rules live in one module per responsibility:
 - `plan_choices`: the plan vocabulary, plan keys and kernel names;
 - `rules_common`, `rules_data`, `rules_weights`, `rules_groups`, `rules_amx`: the
   rules of each kernel family, every constant beside the function that reads it;
-- `variants`: the body template a configuration and plan take, and the render context;
+- `variants`: `resolve_plan`, the one resolution of a configuration and plan into a
+  `KernelPlan` (its `Variant`, the body template, and every derived choice), and the
+  render context;
 - `vendors`: where a CPU vendor's rules differ (`vendor_plan`);
 - `candidates`: the plans the tuner times.
 
@@ -22,8 +24,15 @@ from convgrad.codegen.plan_choices import (
     kernel_name,
     plan_key,
 )
-from convgrad.codegen.variants import compile_parts, render_context
+from convgrad.codegen.variants import (
+    KernelPlan,
+    Variant,
+    compile_parts,
+    render_context,
+    resolve_plan,
+)
 from convgrad.codegen.vendors import vendor_plan
 
-__all__ = ["EMPTY_PLAN", "PLAN_CHOICES", "candidates", "check_plan", "compile_parts",
-           "kernel_name", "plan_key", "render_context", "vendor_plan"]
+__all__ = ["EMPTY_PLAN", "PLAN_CHOICES", "KernelPlan", "Variant", "candidates", "check_plan",
+           "compile_parts", "kernel_name", "plan_key", "render_context", "resolve_plan",
+           "vendor_plan"]

@@ -4,11 +4,15 @@ place that turns a configuration and its plan into what the templates read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from functools import lru_cache
+from types import MappingProxyType
 
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.isa import SIMD, VECTOR_LANES
-from convgrad.codegen.plan_choices import EMPTY_PLAN, kernel_name
+from convgrad.codegen.plan_choices import EMPTY_PLAN, PLAN_CHOICES, kernel_name
 from convgrad.codegen.rules_amx import amx_tiles
 from convgrad.codegen.rules_common import _reduced_channels, uses_bf16_dot
 from convgrad.codegen.rules_data import (
@@ -51,6 +55,80 @@ PAD_MAX_ZEROS_PERCENT = 10
 # 3d_gconv block-4 (21^3, 28-38 MB) 1.05-1.11, but 3d_gconv s2 (11-22 MB, short rows)
 # 0.85-0.94.
 SPREAD_WHOLE_BYTES = 32 * 1024 * 1024
+
+
+class Variant(str, Enum):
+    """A kernel variant: the body template that spells it (kernel.c.j2 includes it)."""
+
+    DIRECT = "direct.c.j2"  # fwd, bwd_data: register tiles of output pixels
+    COL2IM = "col2im.c.j2"  # bwd_data with few result channels
+    ACROSS_GROUPS = "depthwise.c.j2"  # fwd, bwd_data: depthwise, or lanes across groups
+    DEPTHWISE_WEIGHTS = "depthwise_weights.c.j2"
+    GROUPED_WEIGHTS = "grouped_weights.c.j2"  # lanes across groups
+    WEIGHTS_DOT = "bwd_weights_dot.c.j2"  # NCX dot products along pixels
+    WEIGHTS_PACKED = "bwd_weights_packed.c.j2"  # tiles over packed panels
+    WEIGHTS = "bwd_weights.c.j2"  # tiles reading the user's buffers
+
+
+class _Reads(Mapping):
+    """A plan that records which choices the rules read (get, [], in; iterating it, as
+    `{**plan}` does, counts as reading every choice)."""
+
+    def __init__(self, plan: Mapping[str, int]):
+        self._plan = plan
+        self.read: set[str] = set()
+
+    def __getitem__(self, key: str) -> int:
+        self.read.add(key)
+        return self._plan[key]
+
+    def __contains__(self, key: object) -> bool:
+        self.read.add(str(key))
+        return key in self._plan
+
+    def __iter__(self) -> Iterator[str]:
+        self.read.update(self._plan)
+        return iter(self._plan)
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """A kernel's resolved plan: its variant, the overrides it was given (the plan; empty
+    for the rules') and every choice the rules derived from them (what the variant's
+    template reads), computed once per (configuration, plan)."""
+
+    variant: Variant
+    overrides: Mapping[str, int]
+    choices: Mapping[str, object]  # what the variant's template reads (tiles, flags, ...)
+    bf16_dot: bool  # bf16 pairs multiplied with vdpbf16ps
+    reads: frozenset[str]  # the plan choices the rules consulted: those the variant takes
+
+
+def resolve_plan(config: KernelConfig, plan: Mapping[str, int] | None = None) -> KernelPlan:
+    """The resolved plan of `config` under `plan` (default: the rules'). An override that
+    the chosen variant's rules never read is a ValueError naming the variant and the
+    choices it takes, since it would change nothing."""
+    return _resolve(config, tuple(sorted((plan or {}).items())))
+
+
+@lru_cache(maxsize=4096)
+def _resolve(config: KernelConfig, items: tuple[tuple[str, int], ...]) -> KernelPlan:
+    reads = _Reads(dict(items))
+    body = _body(config, reads)
+    choices = {k: v for k, v in body.items() if k != "body"}
+    bf16_dot = uses_bf16_dot(config, reads)
+    variant = Variant(body["body"])
+    unread = sorted(set(dict(items)) - reads.read)
+    if unread:
+        raise ValueError(
+            f"plan {dict(items)} of {kernel_name(config, dict(items))}: the "
+            f"{variant.name.lower()} variant ({variant.value}) does not read {unread}; "
+            f"here it takes {sorted(reads.read & set(PLAN_CHOICES))}")
+    return KernelPlan(variant, MappingProxyType(dict(items)), MappingProxyType(choices),
+                      bf16_dot, frozenset(reads.read))
 
 
 def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
@@ -150,7 +228,7 @@ def compile_parts(config: KernelConfig, plan: Mapping[str, int] | None = None) -
     compile at once (functions.h.j2): two for direct kernels (their tiles split, the
     AMX path, where there is one, in the second) and for weight gradients from row
     segments (their tiles and AMX path in the second)."""
-    return 2 if _body(config, plan or EMPTY_PLAN)["body"] in TWO_PART_BODIES else 1
+    return 2 if resolve_plan(config, plan).variant.value in TWO_PART_BODIES else 1
 
 
 def transpose_masks(lanes: int) -> dict[int, tuple[list[int], list[int]]]:
@@ -170,7 +248,8 @@ def render_context(config: KernelConfig, generator_version: str,
     """Everything kernel.c.j2 reads, derived from the configuration and its plan."""
     pad = 3 - config.rank
     kernel_w = config.kernel[-1]
-    body = _body(config, plan)
+    resolved = resolve_plan(config, plan)
+    body = {"body": resolved.variant.value, **resolved.choices}
     return {
         "name": kernel_name(config, plan),
         "generator_version": generator_version,
@@ -200,7 +279,7 @@ def render_context(config: KernelConfig, generator_version: str,
         "simd": SIMD[config.isa],
         "transpose_stages": _halvings(VECTOR_LANES[config.isa]),
         "transpose_masks": transpose_masks(VECTOR_LANES[config.isa]),
-        "bf16_dot": uses_bf16_dot(config, plan),
+        "bf16_dot": resolved.bf16_dot,
         "regroup_pixels": config.family == "bwd_weights" and config.data_format == "NXC"
         and not config.depthwise and config.pointwise,
         "round_in_tiles": _rounds_in_tiles(config),
@@ -218,6 +297,6 @@ def render_context(config: KernelConfig, generator_version: str,
         # (whole tensors, bands of rows or chunks) and into the packed plan's diff_dst panels
         "transpose_to_f32": config.data_format == "NCX" and (
             body["body"] == "bwd_weights_packed.c.j2" or body.get("band_bytes", 0) > 0
-            or not (uses_bf16_dot(config, plan) or body.get("no_scratch", False))),
+            or not (resolved.bf16_dot or body.get("no_scratch", False))),
         **body,
     }

@@ -4,6 +4,7 @@
     convgrad aot --torch-model MODULE:FACTORY --input-shape N,C,H,W [...] [-o DIR]
     convgrad tune show | export FILE | import FILE
     convgrad cache show | clear
+    convgrad explain [LAYER_FILES...] [--layer NAME] [--op OP --inputs A B --attrs JSON]
 
 Tables go to stdout and progress bars to stderr, both drawn by rich: one library
 for both, which also leaves out colours and redraws when the stream is not a
@@ -13,6 +14,7 @@ terminal (progress is then silent).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -25,9 +27,10 @@ from rich.table import Table
 
 import convgrad
 from convgrad import aot, cache, kernels, pch, tuning
+from convgrad import explain as explain_module
 from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
-from convgrad.codegen.layers import DEFAULT_OPS
+from convgrad.codegen.layers import DEFAULT_OPS, Layer
 from convgrad.codegen.plan import vendor_plan
 from convgrad.codegen.targets import host, target
 from convgrad.cpu import available_isas, cpu_vendor
@@ -378,6 +381,58 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _add_explain_parser(commands) -> None:
+    parser = commands.add_parser(
+        "explain", help="which kernel, variant and plan a layer gets, and why",
+        description=explain_module.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("layers", nargs="*", type=Path,
+                        help="layer files, as for `convgrad aot` (default: the built-in "
+                             "ResNet-50 list, unless --op is given)")
+    parser.add_argument("--layer", action="append", default=None, metavar="NAME",
+                        help="only the layers whose name contains NAME (repeatable)")
+    parser.add_argument("--op", default=None, choices=sorted(OPS),
+                        help="one op instead of layer files, with --inputs and --attrs")
+    parser.add_argument("--inputs", nargs="+", type=_shape, default=None, metavar="N,H,...",
+                        help="with --op: the two input shapes (and the shape input's value)")
+    parser.add_argument("--attrs", type=json.loads, default={}, metavar="JSON",
+                        help='with --op: attributes, e.g. \'{"strides": 2, "pads_begin": 1}\'')
+    parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
+                        help="comma-separated op kinds generated for benchdnn shapes")
+    parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
+    parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
+    parser.add_argument("--isa", default=None, choices=ISAS[::-1],
+                        help="ISA path (default: the best this machine runs)")
+    parser.add_argument("--vendor", default=None,
+                        help="the rules for a CPU of this vendor (GenuineIntel, "
+                             "AuthenticAMD; default: this CPU's)")
+    parser.add_argument("--plan", type=json.loads, default=None, metavar="JSON",
+                        help="a plan to resolve instead of the rules' (an override the "
+                             "variant does not take is an error)")
+    parser.set_defaults(run=_explain)
+
+
+def _explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.op:
+        if not args.inputs or len(args.inputs) not in (2, 3):
+            parser.error("--op needs --inputs with two shapes (and the shape input)")
+        layers = [Layer(args.op, tuple(args.inputs), args.attrs, args.dtype, args.op)]
+    else:
+        layers = aot.read_layers(args.layers, ops=tuple(args.ops.split(",")),
+                                 dtype=args.dtype, data_format=args.data_format)
+    if args.layer:
+        layers = [layer for layer in layers if any(n in layer.name for n in args.layer)]
+    if not layers:
+        parser.error("no layer matches")
+    try:
+        for layer in layers:
+            print(explain_module.explain(layer, isa=args.isa, plan=args.plan,
+                                         vendor=args.vendor))
+    except ValueError as error:
+        parser.exit(2, f"convgrad explain: error: {error}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `convgrad` command's parser (its subcommands' `run` is in their defaults)."""
     parser = argparse.ArgumentParser(
@@ -390,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_aot_parser(commands)
     _add_tune_parser(commands)
     _add_cache_parser(commands)
+    _add_explain_parser(commands)
     return parser
 
 

@@ -18,7 +18,14 @@ import numpy as np
 from convgrad import cache
 from convgrad.cache import file_digest
 from convgrad.codegen import KernelConfig, generator_version, render, source_digest
-from convgrad.codegen.plan import check_plan, kernel_name, plan_key, vendor_plan
+from convgrad.codegen.plan import (
+    Variant,
+    check_plan,
+    kernel_name,
+    plan_key,
+    resolve_plan,
+    vendor_plan,
+)
 from convgrad.codegen.render import render_dims_declaration
 from convgrad.compiler import CompilerNotFoundError
 from convgrad.cpu import available_isas, cpu_features, cpu_vendor, host_family
@@ -50,6 +57,11 @@ class Kernel:
     @property
     def name(self) -> str:
         return kernel_name(self.config, self.plan)
+
+    @property
+    def variant(self) -> Variant:
+        """The kernel's variant: the body template its plan resolved to."""
+        return resolve_plan(self.config, self.plan).variant
 
 
 def _bind(name: str, path: Path) -> tuple[object, object]:

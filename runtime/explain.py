@@ -1,0 +1,113 @@
+"""Which kernel a layer gets, its variant and plan, and why (`convgrad explain`).
+
+    >>> from convgrad.explain import explain
+    >>> from convgrad.codegen.layers import Layer
+    >>> print(explain(Layer("ConvolutionBackwardData", ((8, 56, 56, 64), (3, 3, 64, 64)),
+    ...                     {"pads_begin": 1, "pads_end": 1})))
+
+For each layer: the kernel's configuration and name, the plan (the rules', a vendor's
+rules or a given one) and where each of its choices came from, the variant (the body
+template) that plan resolves to, the plan choices that variant takes (any other
+override is an error), every choice the rules derived for its template, and the
+template files the kernel renders from.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import jinja2
+
+from convgrad.codegen import KernelConfig
+from convgrad.codegen.layers import Layer
+from convgrad.codegen.plan import (
+    PLAN_CHOICES,
+    KernelPlan,
+    check_plan,
+    kernel_name,
+    render_context,
+    resolve_plan,
+    vendor_plan,
+)
+from convgrad.codegen.render import _environment
+from convgrad.cpu import cpu_features, cpu_vendor, selected_isa
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What `explain` found for one layer; str() gives the report."""
+
+    layer: Layer
+    config: KernelConfig
+    plan: dict[str, int]  # the plan the kernel is built with ({}: the rules')
+    source: str  # "rules", "rules for <vendor>" or "given"
+    resolved: KernelPlan
+    templates: tuple[str, ...]
+
+    def __str__(self) -> str:
+        c = self.config
+        lines = [f"{self.layer.name or self.layer.op}: {self.layer.op}, {c.dtype}, "
+                 f"{c.data_format} data, {c.weights_format} weights, isa {c.isa}",
+                 f"  kernel     {kernel_name(c, self.plan)}",
+                 f"  variant    {self.resolved.variant.name.lower()} "
+                 f"({self.resolved.variant.value})",
+                 f"  plan       {json.dumps(self.plan) if self.plan else '{}'} ({self.source})"]
+        for choice in sorted(self.plan):
+            lines.append(f"    {choice} = {self.plan[choice]}: {PLAN_CHOICES[choice]}")
+        taken = sorted(self.resolved.reads & set(PLAN_CHOICES))
+        for title, items in (
+                ("takes", taken or ["no plan choice"]),
+                ("derived", [f"{k}={_short(v)}" for k, v in sorted(self.resolved.choices.items())]),
+                ("templates", self.templates)):
+            lines.append(textwrap.fill(", ".join(items), width=100,
+                                       initial_indent=f"  {title:<10} ",
+                                       subsequent_indent=" " * 13, break_on_hyphens=False))
+        return "\n".join(lines)
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class _Recording(jinja2.BaseLoader):
+    """A loader that records the templates a render loads."""
+
+    def __init__(self, loader: jinja2.BaseLoader):
+        self.loader = loader
+        self.loaded: list[str] = []
+
+    def get_source(self, environment, template):
+        if template not in self.loaded:
+            self.loaded.append(template)
+        return self.loader.get_source(environment, template)
+
+
+def templates_of(config: KernelConfig, plan: Mapping[str, int] | None = None) -> tuple[str, ...]:
+    """The template files the kernel of `config` and `plan` renders from, in load order."""
+    base = _environment()
+    recording = _Recording(base.loader)
+    environment = base.overlay(loader=recording, cache_size=0)
+    environment.get_template("kernel.c.j2").render(**render_context(config, "", plan or {}))
+    return tuple(recording.loaded)
+
+
+def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | None = None,
+            vendor: str | None = None) -> Explanation:
+    """The kernel `layer` runs on the `isa` path (default this CPU's), with `plan` if
+    given, else the rules' plan for a CPU of `vendor` (default this CPU's, whose
+    features also decide whether the kernel carries an AMX path)."""
+    config = layer.resolve().config.with_isa(isa or selected_isa())
+    if plan is not None:
+        chosen, source = check_plan(plan), "given"
+    else:
+        here = vendor is None
+        vendor = cpu_vendor() if here else vendor
+        chosen = vendor_plan(config, vendor, cpu_features() if here else None)
+        source = f"rules for {vendor or 'any vendor'}" if chosen else "rules"
+    resolved = resolve_plan(config, chosen)
+    return Explanation(layer, config, dict(chosen), source, resolved,
+                       templates_of(config, chosen))

@@ -1,0 +1,85 @@
+"""`convgrad explain` and the resolved plan: which variant a layer gets, and overrides
+that the chosen variant does not take are errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convgrad.codegen.config import KernelConfig
+from convgrad.codegen.layers import Layer
+from convgrad.codegen.plan import Variant, resolve_plan
+from convgrad.explain import explain
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (layer, isa, expected variant): a layer of each family, with the rules for an AMD CPU
+LAYERS = [
+    (Layer("ConvolutionBackwardData", ((8, 56, 56, 64), (3, 3, 64, 64)),
+           {"pads_begin": 1, "pads_end": 1}, name="3x3"), "avx512", Variant.DIRECT),
+    (Layer("ConvolutionBackwardData", ((8, 56, 56, 64), (7, 7, 3, 64), (112, 112)),
+           {"strides": 2, "pads_begin": 3, "pads_end": 2}, name="conv1"), "avx2",
+     Variant.COL2IM),
+    (Layer("ConvolutionBackwardWeights", ((8, 28, 28, 96), (8, 28, 28, 96), (3, 3)),
+           {"pads_begin": 1, "pads_end": 1, "groups": 96}, name="depthwise"), "avx512",
+     Variant.DEPTHWISE_WEIGHTS),
+    (Layer("ConvolutionBackwardData", ((8, 28, 28, 96), (3, 3, 1, 96)),
+           {"pads_begin": 1, "pads_end": 1, "groups": 96}, name="depthwise data"), "avx2",
+     Variant.ACROSS_GROUPS),
+    (Layer("ConvolutionBackwardWeights", ((8, 14, 14, 256), (8, 14, 14, 256), (3, 3)),
+           {"pads_begin": 1, "pads_end": 1, "groups": 64}, name="grouped"), "avx512",
+     Variant.GROUPED_WEIGHTS),
+    (Layer("ConvolutionBackwardWeights", ((8, 64, 56, 56), (8, 64, 56, 56), (1, 1)),
+           {"data_format": "NCX", "weights_format": "OIX"}, name="NCX 1x1"), "avx2",
+     Variant.WEIGHTS),
+]
+
+
+@pytest.mark.parametrize("layer,isa,variant", LAYERS, ids=[layer.name for layer, *_ in LAYERS])
+def test_explain_names_the_variant_a_layer_takes(layer, isa, variant):
+    found = explain(layer, isa=isa, vendor="AuthenticAMD")
+    assert found.resolved.variant is variant
+    text = str(found)
+    assert f"variant    {variant.name.lower()} ({variant.value})" in text
+    assert "kernel.c.j2" in found.templates and variant.value in found.templates
+    assert found.templates.index("kernel.c.j2") < found.templates.index(variant.value)
+
+
+def test_an_override_the_variant_does_not_take_raises():
+    """ncx_dot (the dot-product variant's choice) on a strided-w layer, which the dot
+    kernel cannot run, and a data-gradient choice on a weight gradient, are errors that
+    name the variant and the choices it takes; the same overrides where they apply
+    resolve to the variant they choose."""
+    def config(strides=(1, 1), family="bwd_weights", kernel=(1, 1)):
+        return KernelConfig(family, kernel, strides, (1, 1), 1, 64, 64, "NCX", "OIX",
+                            "f32", "avx2")
+
+    with pytest.raises(ValueError, match=r"weights variant \(bwd_weights.c.j2\) does not "
+                                         r"read \['ncx_dot'\]; here it takes \[.*vec_block"):
+        resolve_plan(config(strides=(1, 2)), {"ncx_dot": 1})
+    with pytest.raises(ValueError, match=r"does not read \['band_kb'\]"):
+        resolve_plan(config(), {"band_kb": 1})
+    assert resolve_plan(config(), {"ncx_dot": 1}).variant is Variant.WEIGHTS_DOT
+    assert resolve_plan(config(family="bwd_data", kernel=(3, 3)),
+                        {"band_kb": 1}).choices["band_bytes"] > 0
+
+
+def test_explain_command_on_a_layer_file_and_on_one_op():
+    env_run = [sys.executable, "-m", "convgrad", "explain"]
+    shown = subprocess.run([*env_run, "--layer", "res2a_branch2b", "--isa", "avx2",
+                            "--vendor", "AuthenticAMD"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout
+    assert shown.count("variant    direct (direct.c.j2)") == 1
+    assert "ConvolutionBackwardWeights" in shown and "templates  kernel.c.j2" in shown
+    one = subprocess.run([*env_run, "--op", "ConvolutionBackwardData", "--inputs", "1,8,8,16",
+                          "3,3,16,16", "--attrs", '{"pads_begin": 1, "pads_end": 1}',
+                          "--plan", '{"vec_block": 1}', "--isa", "avx2"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert '{"vec_block": 1} (given)' in one and "vec_block = 1:" in one
+    bad = subprocess.run([*env_run, "--op", "ConvolutionBackwardData", "--inputs", "1,8,8,16",
+                          "3,3,16,16", "--plan", '{"packed": 1}', "--isa", "avx2"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "does not read ['packed']" in bad.stderr
