@@ -1557,7 +1557,14 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
         if dot["ncx_dot"]:
             return {"body": "bwd_weights_dot.c.j2", "no_scratch": True, **dot}
         tiles = weight_tiles(config, plan)
-        body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
+        if tiles["packed"]:
+            body = "bwd_weights_packed.c.j2"
+        elif uses_bf16_dot(config, plan):  # bf16 pixel pairs
+            body = "bwd_weights_pairs.c.j2"
+        elif tiles["flatten_w"]:  # (kw, input channel) rows over a padded copy
+            body = "bwd_weights_flat.c.j2"
+        else:  # input-channel rows of one tap
+            body = "bwd_weights.c.j2"
         return {"body": body, "no_scratch": tiles["packed"], **tiles, **amx_tiles(config, plan)}
     if config.depthwise or data_across_groups(config, plan):
         grouped = not config.depthwise  # input spread to the lanes, never padded
