@@ -67,7 +67,9 @@ class Variant(str, Enum):
     GROUPED_WEIGHTS = "grouped_weights.c.j2"  # lanes across groups
     WEIGHTS_DOT = "bwd_weights_dot.c.j2"  # NCX dot products along pixels
     WEIGHTS_PACKED = "bwd_weights_packed.c.j2"  # tiles over packed panels
-    WEIGHTS = "bwd_weights.c.j2"  # tiles reading the user's buffers
+    WEIGHTS_PAIRS = "bwd_weights_pairs.c.j2"  # bf16 pixel pairs (vdpbf16ps)
+    WEIGHTS_FLAT = "bwd_weights_flat.c.j2"  # (kw, input channel) rows, padded src copy
+    WEIGHTS = "bwd_weights.c.j2"  # input-channel rows of one tap, the user's buffers
 
 
 class _Reads(Mapping):
@@ -143,7 +145,14 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
         if dot["ncx_dot"]:
             return {"body": "bwd_weights_dot.c.j2", "no_scratch": True, **dot}
         tiles = weight_tiles(config, plan)
-        body = "bwd_weights_packed.c.j2" if tiles["packed"] else "bwd_weights.c.j2"
+        if tiles["packed"]:
+            body = "bwd_weights_packed.c.j2"
+        elif uses_bf16_dot(config, plan):  # bf16 pixel pairs
+            body = "bwd_weights_pairs.c.j2"
+        elif tiles["flatten_w"]:  # (kw, input channel) rows over a padded copy
+            body = "bwd_weights_flat.c.j2"
+        else:  # input-channel rows of one tap
+            body = "bwd_weights.c.j2"
         return {"body": body, "no_scratch": tiles["packed"], **tiles, **amx_tiles(config, plan)}
     if config.depthwise or data_across_groups(config, plan):
         grouped = not config.depthwise  # input spread to the lanes, never padded
@@ -220,7 +229,8 @@ def split_tiles(data_format: str, tiles: list[tuple[int, int]],
 # tiles between the two objects (split_tiles); weight gradients from row segments
 # (weight_tiles.h.j2) put all their tiles in the second, about a third of their compile
 # time (GCC 12, Zen 4: 0.08-0.14 s of tiles beside 0.25-0.7 s of the rest).
-TWO_PART_BODIES = ("direct.c.j2", "bwd_weights.c.j2", "bwd_weights_packed.c.j2")
+TWO_PART_BODIES = ("direct.c.j2", "bwd_weights.c.j2", "bwd_weights_pairs.c.j2",
+                   "bwd_weights_flat.c.j2", "bwd_weights_packed.c.j2")
 
 
 def compile_parts(config: KernelConfig, plan: Mapping[str, int] | None = None) -> int:
