@@ -109,22 +109,25 @@ class KernelPlan:
     reads: frozenset[str]  # the plan choices the rules consulted: those the variant takes
 
 
-def resolve_plan(config: KernelConfig, plan: Mapping[str, int] | None = None) -> KernelPlan:
+def resolve_plan(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
+                 strict: bool = True) -> KernelPlan:
     """The resolved plan of `config` under `plan` (default: the rules'). An override that
     the chosen variant's rules never read is a ValueError naming the variant and the
-    choices it takes, since it would change nothing."""
-    return _resolve(config, tuple(sorted((plan or {}).items())))
+    choices it takes, since it would change nothing (with `strict=False` it is left in
+    `overrides`, and missing from `reads`)."""
+    return _resolve(config, tuple(sorted((plan or {}).items())), strict)
 
 
 @lru_cache(maxsize=4096)
-def _resolve(config: KernelConfig, items: tuple[tuple[str, int], ...]) -> KernelPlan:
+def _resolve(config: KernelConfig, items: tuple[tuple[str, int], ...],
+             strict: bool) -> KernelPlan:
     reads = _Reads(dict(items))
     body = _body(config, reads)
     choices = {k: v for k, v in body.items() if k != "body"}
     bf16_dot = uses_bf16_dot(config, reads)
     variant = Variant(body["body"])
     unread = sorted(set(dict(items)) - reads.read)
-    if unread:
+    if unread and strict:
         raise ValueError(
             f"plan {dict(items)} of {kernel_name(config, dict(items))}: the "
             f"{variant.name.lower()} variant ({variant.value}) does not read {unread}; "

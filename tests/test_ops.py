@@ -19,6 +19,7 @@ import convgrad
 from convgrad import api
 from convgrad.codegen import KernelConfig
 from convgrad.codegen.isa import AMX_FEATURES
+from convgrad.codegen.plan import Variant, resolve_plan
 from convgrad.reference import OP_KINDS
 
 FUNCTIONS = {spec.kind: getattr(convgrad, spec.function) for spec in api.OPS.values()}
@@ -230,6 +231,8 @@ def test_thread_counts_agree(op, threads, groups, in_channels, out_channels):
 
 ISAS = convgrad.cpu.available_isas()
 HAS_AMX = convgrad.cpu.cpu_features() >= AMX_FEATURES
+# Plans that keep a kernel off its AMX path say amx=0 only where it has one.
+AMX_OFF = ("amx",)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -1115,13 +1118,15 @@ def test_pointwise_results_stream_past_the_caches(isa, geometry, op):
 
 def run_streamed(case, plan, isa):
     """Runs `case` (f32, a result of at least 1 KB) with a forced plan on 1 and 2 threads
-    into a result on a cache line, and on 2 into one a float past it; checks the bits."""
+    into a result on a cache line, and on 2 into one a float past it; checks the bits.
+    (stream_kb goes where the kernel does not stream: the portable path, other ops.)"""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
     a, b = case.inputs[:2]
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "f32")
-    kernel = kernels.get_kernel(problem.config.with_isa(isa), plan)
+    config = problem.config.with_isa(isa)
+    kernel = kernels.get_kernel(config, taken(config, plan, ("stream_kb",)))
     first, second = (b, a) if problem.swap_inputs else (a, b)
     size = int(np.prod(problem.output_shape))
     assert size * 4 >= 1024
@@ -1191,21 +1196,34 @@ def test_weight_gradient_as_dot_products_along_pixels(isa, op, weights_format, g
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case(op, **DOT_WEIGHT_GEOMETRY[geometry], data_format="NCX",
                      weights_format=weights_format, seed=12)
-    for threads in (1, 2, 3):
-        run_with_plan(case, {"ncx_dot": 1}, isa, threads)
+    for threads in (1, 2, 3):  # (not across groups, where the rules would take that)
+        run_with_plan(case, {"ncx_dot": 1, "group_lanes": 0}, isa, threads,
+                      optional=("group_lanes",), variant=Variant.WEIGHTS_DOT)
 
 
-def forced_kernel(case, plan=None, isa=None, threads=1):
-    """`case`'s kernel (with a forced plan and ISA path where given): the workspace bytes
-    it needs, and a function that runs it on a given workspace and checks the bits."""
+def taken(config, plan, optional=()):
+    """`plan` without those of its `optional` overrides that the variant `config` takes
+    under it does not read (such as amx=0 where a kernel has no AMX path): any other
+    override the variant does not take stays, for resolve_plan to refuse."""
+    reads = resolve_plan(config, plan, strict=False).reads
+    return {k: v for k, v in plan.items() if k in reads or k not in optional}
+
+
+def forced_kernel(case, plan=None, isa=None, threads=1, *, optional=(), variant=None):
+    """`case`'s kernel (with a forced plan and ISA path where given, less the `optional`
+    overrides its variant does not take): the workspace bytes it needs, and a function
+    that runs it on a given workspace and checks the bits. With `variant`, the kernel
+    must be of that variant."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
     a, b = case.inputs[:2]
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, DTYPE_NAMES[a.dtype])
     config = problem.config.with_isa(isa) if isa else problem.config
+    plan = None if plan is None else taken(config, plan, optional)
     kernel = kernels.get_kernel(config, plan)
     assert plan is None or kernel.plan == plan
+    assert variant is None or kernel.variant is variant, kernel.variant
     first, second = (b, a) if problem.swap_inputs else (a, b)
     dims = kernels.dims_of(problem, threads)
 
@@ -1217,9 +1235,10 @@ def forced_kernel(case, plan=None, isa=None, threads=1):
     return kernel.workspace_size(dims), run
 
 
-def run_with_plan(case, plan, isa, threads):
-    """Runs `case` with a forced plan on one ISA path and checks the result's bits."""
-    size, run = forced_kernel(case, plan, isa, threads)
+def run_with_plan(case, plan, isa, threads, *, optional=(), variant=None):
+    """Runs `case` with a forced plan on one ISA path and checks the result's bits (and
+    the kernel's variant, where given; `optional`: as forced_kernel)."""
+    size, run = forced_kernel(case, plan, isa, threads, optional=optional, variant=variant)
     run(np.empty(size, dtype=np.uint8))
 
 
@@ -1302,10 +1321,11 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
     config = problem.config.with_isa(isa)
     direct = {"col2im": 0} if col2im_eligible(config) else {}
-    blocks = {"band_kb": 0, "image_block_kb": 1, **direct}
-    whole = {"band_kb": 0, "image_block_kb": 0, **direct}
+    # (bands of rows: 1-D and 2-D layers only)
+    blocks = taken(config, {"band_kb": 0, "image_block_kb": 1, **direct}, ("band_kb",))
+    whole = taken(config, {"band_kb": 0, "image_block_kb": 0, **direct}, ("band_kb",))
     for threads in (1, 2, 3):
-        run_with_plan(case, blocks, isa, threads)
+        run_with_plan(case, blocks, isa, threads, variant=Variant.DIRECT)
         dims = kernels.dims_of(problem, threads)
         assert (kernels.get_kernel(config, blocks).workspace_size(dims)
                 < kernels.get_kernel(config, whole).workspace_size(dims))
@@ -1431,7 +1451,7 @@ def test_ncx_bf16_channel_pairs_transposed(geometry, op):
     for threads in (1, 2, 3):
         for image_block_kb in (0, 1):
             run_with_plan(case, {"amx": 0, "image_block_kb": image_block_kb}, "avx512bf16",
-                          threads)
+                          threads, optional=AMX_OFF)
 
 
 @pytest.mark.skipif("avx512bf16" not in ISAS, reason="this CPU has no vdpbf16ps")
@@ -1456,14 +1476,15 @@ def test_bf16_weight_gradients_in_blocks_of_images(op, data_format, geometry):
     blocks, whole = {"amx": 0, "image_block_kb": 1}, {"amx": 0, "image_block_kb": 0}
     sizes = {}
     for threads in (1, 2, 3):
-        sizes[threads], run = forced_kernel(case, blocks, "avx512bf16", threads)
+        sizes[threads], run = forced_kernel(case, blocks, "avx512bf16", threads,
+                                            optional=AMX_OFF, variant=Variant.WEIGHTS_PAIRS)
         run(np.empty(sizes[threads], dtype=np.uint8))
-    whole_size = forced_kernel(case, whole, "avx512bf16", 2)[0]
+    whole_size = forced_kernel(case, whole, "avx512bf16", 2, optional=AMX_OFF)[0]
     assert sizes[2] < whole_size
     # the copies of one image, from the workspaces of 1 and 5 images: blocks of two
     pairs = {"amx": 0, "image_block_kb": (whole_size - sizes[2]) // 4 * 2 // 1024 + 1}
     for threads in (1, 3):
-        size, run = forced_kernel(case, pairs, "avx512bf16", threads)
+        size, run = forced_kernel(case, pairs, "avx512bf16", threads, optional=AMX_OFF)
         assert sizes[2] < size < whole_size
         run(np.empty(size, dtype=np.uint8))
     a, b = (x.astype(np.float32) for x in case.inputs[:2])
@@ -1471,7 +1492,8 @@ def test_bf16_weight_gradients_in_blocks_of_images(op, data_format, geometry):
     a = (a + rng.standard_normal(a.shape)).astype(case.inputs[0].dtype)
     b = (b + rng.standard_normal(b.shape)).astype(case.inputs[1].dtype)
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
-    kernel = kernels.get_kernel(problem.config.with_isa("avx512bf16"), blocks)
+    config = problem.config.with_isa("avx512bf16")
+    kernel = kernels.get_kernel(config, taken(config, blocks, AMX_OFF))
     first, second = (b, a) if problem.swap_inputs else (a, b)
     results = []
     for threads in (1, 2, 3):
@@ -1601,6 +1623,7 @@ def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtyp
     ISA path, on 1 and 2 threads: channel tails, groups, strides, dilations, pads, several
     chunks; exact on both thread counts."""
     from convgrad.codegen.ops import resolve
+    from convgrad.codegen.rules_common import uses_bf16_dot
     from convgrad.codegen.rules_weights import weight_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
@@ -1608,17 +1631,17 @@ def test_weight_gradient_from_packed_panels(isa, op, geometry, data_format, dtyp
                      dtype=dtype, seed=3)
     config = resolve(op, [x.shape for x in case.inputs[:2]], case.attrs, None,
                      dtype).config.with_isa(isa)
-    tiles = weight_tiles(config, {"packed": 1})
-    if not tiles["packed"]:  # bf16 pairs have their own copy
-        assert dtype == "bf16" and isa == "avx512bf16"
+    packed = {"packed": 1, **({"bf16_dot": 0} if uses_bf16_dot(config) else {})}
+    tiles = weight_tiles(config, packed)  # (bf16 pairs have their own copies: widened)
+    assert tiles["packed"]
     skips_rows = any(s > (k - 1) * d + 1 for s, k, d in zip(
         config.strides, config.kernel, config.dilations, strict=True))
     prefetch = tiles["packed"] and data_format == "NCX" and not skips_rows
     assert tiles["prefetch_panels"] == prefetch
-    plans = [{"packed": 1}] + ([{"packed": 1, "prefetch_panels": 0}] if prefetch else [])
+    plans = [packed] + ([{**packed, "prefetch_panels": 0}] if prefetch else [])
     for plan in plans:
         for threads in (1, 2):
-            run_with_plan(case, plan, isa, threads)
+            run_with_plan(case, plan, isa, threads, variant=Variant.WEIGHTS_PACKED)
 
 
 @pytest.mark.parametrize("isa", ISAS)

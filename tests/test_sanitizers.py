@@ -86,7 +86,8 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
             import convgrad
             from test_ops import run_with_plan
             for plan in ({{}}, {{"bf16_dot": 0}}):
-                run_with_plan(case, plan, convgrad.cpu.available_isas()[0], 2)
+                run_with_plan(case, plan, convgrad.cpu.available_isas()[0], 2,
+                              optional=("bf16_dot",))
     # bf16 NXC: AMX where the CPU has it (src channels first, diff_dst pairs)
     run_case(make_case("ConvolutionBackwardWeights", spatial=(9, 7), kernel=(3, 3),
                        in_channels=64, out_channels=96, batch=3, dtype="bf16",
@@ -109,8 +110,9 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                              ("3d", "NCX", "f32"), ("pointwise", "NCX", "f32"),
                              ("3x3 dilated rows", "NXC", "f32")):
         run_with_plan(make_case("ConvolutionBackwardWeights", **PACKED_WEIGHT_GEOMETRY[name],
-                                data_format=fmt, dtype=dtype), {{"packed": 1}},
-                      convgrad.cpu.available_isas()[0], 2)
+                                data_format=fmt, dtype=dtype),
+                      {{"packed": 1, "bf16_dot": 0}}, convgrad.cpu.available_isas()[0], 2,
+                      optional=("bf16_dot",))
     import convgrad  # NCX bf16 pixel pairs transposed (vdpbf16ps: forced, Intel widens)
     from test_ops import BF16_PAIR_GEOMETRY, run_with_plan
     for geometry in BF16_PAIR_GEOMETRY.values():
@@ -120,12 +122,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     for name, fmt in (("3x3", "NXC"), ("1x1 groups", "NCX")):  # a block of images at a time
         run_with_plan(make_case("ConvolutionBackwardWeights", **BF16_PAIR_GEOMETRY[name],
                                 batch=3, data_format=fmt, dtype="bf16"),
-                      {{"amx": 0, "image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 2)
+                      {{"amx": 0, "image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 2,
+                      optional=("amx", "image_block_kb"))
     from test_ops import BF16_CHANNEL_PAIR_GEOMETRY  # and data gradients' channel pairs
     for geometry in BF16_CHANNEL_PAIR_GEOMETRY.values():
         run_with_plan(make_case("ConvolutionBackwardData", **geometry, batch=2,
                                 data_format="NCX", dtype="bf16"), {{"amx": 0}},
-                      convgrad.cpu.available_isas()[0], 2)
+                      convgrad.cpu.available_isas()[0], 2, optional=("amx",))
     if "avx2" in convgrad.cpu.available_isas():  # avx2: pixel chunks beyond L2, 2-vector blocks
         run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(52, 5), kernel=(3, 3),
                                 in_channels=280, out_channels=128, batch=2,
@@ -189,8 +192,8 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     from test_ops import DOT_WEIGHT_GEOMETRY, run_with_plan
     for name in ("1x1", "3x3"):
         run_with_plan(make_case("ConvolutionBackwardWeights", **DOT_WEIGHT_GEOMETRY[name],
-                                data_format="NCX"), {{"ncx_dot": 1}},
-                      convgrad.cpu.available_isas()[0], 2)
+                                data_format="NCX"), {{"ncx_dot": 1, "group_lanes": 0}},
+                      convgrad.cpu.available_isas()[0], 2, optional=("group_lanes",))
     # depthwise weights, a sliding window of src columns (dilated, a channel tail), each
     # row's vector blocks in turn
     run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(5, 30), kernel=(3, 3),
@@ -227,13 +230,15 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     for name, dtype in (("3x3 padded", "f32"), ("strided", "f32"), ("strided", "bf16")):
         run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
                                 batch=5, data_format="NCX", dtype=dtype),
-                      {{"band_kb": 0, "image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 3)
+                      {{"band_kb": 0, "image_block_kb": 1, "col2im": 0}},
+                      convgrad.cpu.available_isas()[0], 3, optional=("col2im",))
     for name, plan in (("3x3 padded", {{"band_kb": 3}}), ("strided", {{"band_kb": 1}}),
                        ("1d", {{"band_kb": 1}}),
                        ("3x3 padded", {{"band_kb": 1, "pad_columns": 1, "overlap_runs": 0}})):
         run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
                                 batch=5, data_format="NCX", dtype="f16"),
-                      plan, convgrad.cpu.available_isas()[0], 3)
+                      {{**plan, "col2im": 0}}, convgrad.cpu.available_isas()[0], 3,
+                      optional=("col2im",))
     # few result channels by col2im: row shares inside an image, dilated taps, edges
     from test_ops import COL2IM_GEOMETRY
     for name, fmt in (("conv1", "NXC"), ("1d", "NCX"), ("3d", "NXC")):
