@@ -339,11 +339,11 @@ def test_the_cache_key_follows_the_rendered_c_not_the_generator_sources(tmp_path
     """A comment-only edit of the generator changes its version (the index's key) but not
     a kernel's cache key; a rule's value that the kernel reads changes both."""
     def comment(codegen: Path) -> None:
-        plan = codegen / "plan.py"
-        plan.write_text(plan.read_text() + "\n# a comment-only edit\n")
+        rules = codegen / "rules_weights.py"
+        rules.write_text(rules.read_text() + "\n# a comment-only edit\n")
 
     def rule(codegen: Path) -> None:
-        plan = codegen / "plan.py"
+        plan = codegen / "rules_weights.py"
         text = plan.read_text()
         assert "\nCHUNK_PIXELS = 128\n" in text
         plan.write_text(text.replace("\nCHUNK_PIXELS = 128\n", "\nCHUNK_PIXELS = 96\n"))
