@@ -8,7 +8,6 @@ from collections.abc import Iterable
 
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.isa import AMX_FEATURES, VECTOR_LANES
-from convgrad.codegen.plan_choices import EMPTY_PLAN
 from convgrad.codegen.rules_amx import amx_tiles
 from convgrad.codegen.rules_common import (
     MAX_VECTOR_BLOCK,
@@ -24,7 +23,7 @@ from convgrad.codegen.rules_weights import (
     _nxc_in_place,
     weight_tiles,
 )
-from convgrad.codegen.variants import _body
+from convgrad.codegen.variants import Variant, resolve_plan
 
 # ...but not on Intel's cores, where the same tiles lose to 4 x 3: Sapphire Rapids'
 # avx2 path, ResNet-50 NXC data, batch 8, pair ratios 4 x 3 / 3 x 4 over its 20 layers
@@ -98,8 +97,9 @@ def vendor_plan(config: KernelConfig, vendor: str,
         return {"vec_block": NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK, **plan}
     if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
             and not _nxc_in_place(config, intel=True) and _feeds_packing(config)
-            and _body(config, EMPTY_PLAN)["body"] == "bwd_weights.c.j2"
-            and _body(config, {"packed": 1})["body"] == "bwd_weights_packed.c.j2"):
+            and resolve_plan(config).variant is Variant.WEIGHTS
+            and resolve_plan(config, {"packed": 1}, strict=False).variant
+            is Variant.WEIGHTS_PACKED):
         return {"packed": 1, **plan}
     across = config.depthwise or data_across_groups(config)
     if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
@@ -109,6 +109,6 @@ def vendor_plan(config: KernelConfig, vendor: str,
 
 def _ncx_in_place(config: KernelConfig) -> bool:
     """Whether the rules read this channels-first weight gradient's src in place (the
-    body _body picks for it broadcasts src along its rows)."""
+    variant they pick for it broadcasts src along its rows)."""
     return (config.family == "bwd_weights" and config.data_format == "NCX"
-            and _body(config, EMPTY_PLAN).get("src_channels_first", False))
+            and resolve_plan(config).choices.get("src_channels_first", False))
