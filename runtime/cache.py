@@ -4,9 +4,9 @@ An entry's key hashes the kernel's rendered C, every flag and the CPU features t
 ISA path needs; its file name adds a short hash of the compiler that built it, whose
 identity the entry's record keeps. An edit of the generator that leaves a kernel's C
 unchanged (a comment, a rule that other kernels read) leaves its entry valid. Finding
-an entry without rendering goes through a small index, `index/<kernel>-<key>`, whose
-key hashes the configuration, the plan and the generator version, and which holds the
-entry's key: written once a process has rendered the kernel, it lets later processes
+an entry without rendering goes through a small index, `index/<kernel name>-<hash of
+the generator version>` (the kernel's name is unique for its configuration and plan),
+which holds the entry's key: written once a process has rendered the kernel, it lets later processes
 skip rendering (a few milliseconds a kernel) until the generator changes.
 
 So a cached kernel is found without running the compiler: a process with no compiler
@@ -114,16 +114,17 @@ def source_key(source: str, isa: str) -> str:
     return hashlib.sha256(material.encode()).hexdigest()
 
 
-def index_key(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
-    """The key of the index record that leads from a configuration and plan to its entry
-    without rendering: a hash of both and of the generator version."""
-    material = json.dumps([config.to_dict(), sorted((plan or {}).items()),
-                           generator_version()], sort_keys=True)
-    return hashlib.sha256(material.encode()).hexdigest()
+@cache
+def _generator_tag() -> str:
+    return hashlib.sha256(generator_version().encode()).hexdigest()[:16]
 
 
 def _index_path(config: KernelConfig, folder: Path, plan: Mapping[str, int] | None) -> Path:
-    return folder / "index" / f"{kernel_name(config, plan)}-{index_key(config, plan)[:16]}"
+    """The index record that leads from a configuration and plan to its entry without
+    rendering: named by the kernel (its name is unique for the configuration and plan)
+    and the generator version (a name, not a hash of the configuration: this runs once
+    per kernel in a process's first step)."""
+    return folder / "index" / f"{kernel_name(config, plan)}-{_generator_tag()}"
 
 
 def cache_key(config: KernelConfig, plan: Mapping[str, int] | None = None,
