@@ -1335,12 +1335,12 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
 BAND_GEOMETRY = [name for name in IMAGE_BLOCK_GEOMETRY if name != "3d"]
 
 
-@pytest.mark.parametrize("isa,op,dtype,geometry", [  # two geometries each, rotating
-    (isa, op, dtype, geometry) for i, (isa, (op, dtype)) in enumerate(
+@pytest.mark.parametrize("isa,op,dtype,geometry", [  # one geometry each, rotating: each
+    (isa, op, dtype, geometry) for i, (isa, (op, dtype)) in enumerate(  # runs 3 times
         (isa, pair) for isa in ISAS
         for pair in [("ConvolutionBackwardData", "f32"), ("ConvolutionBackwardData", "f16"),
                      ("ConvTransposeBackwardData", "f32")])
-    for geometry in rotating(BAND_GEOMETRY, i, 2)])
+    for geometry in rotating(BAND_GEOMETRY, i, 1)])
 def test_ncx_data_gradients_in_bands_of_rows(isa, geometry, op, dtype):
     """1-D and 2-D NCX data gradients copy in, compute and copy out a band of rows per
     thread at a time (forced here to bands of one row, of a few rows that image ends and
