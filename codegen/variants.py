@@ -121,18 +121,19 @@ def resolve_plan(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
 @lru_cache(maxsize=4096)
 def _resolve(config: KernelConfig, items: tuple[tuple[str, int], ...],
              strict: bool) -> KernelPlan:
-    reads = _Reads(dict(items))
+    overrides = dict(items)
+    reads = _Reads(overrides)
     body = _body(config, reads)
     choices = {k: v for k, v in body.items() if k != "body"}
     bf16_dot = uses_bf16_dot(config, reads)
     variant = Variant(body["body"])
-    unread = sorted(set(dict(items)) - reads.read)
+    unread = sorted(set(overrides) - reads.read)
     if unread and strict:
         raise ValueError(
-            f"plan {dict(items)} of {kernel_name(config, dict(items))}: the "
+            f"plan {overrides} of {kernel_name(config, overrides)}: the "
             f"{variant.name.lower()} variant ({variant.value}) does not read {unread}; "
             f"here it takes {sorted(reads.read & set(PLAN_CHOICES))}")
-    return KernelPlan(variant, MappingProxyType(dict(items)), MappingProxyType(choices),
+    return KernelPlan(variant, MappingProxyType(overrides), MappingProxyType(choices),
                       bf16_dot, frozenset(reads.read))
 
 

@@ -173,10 +173,11 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _entry_stem(config: KernelConfig, folder: Path,
-                plan: Mapping[str, int] | None = None) -> str:
-    """An entry's name up to its compiler tag: the same for every compiler."""
-    return f"{kernel_name(config, plan)}-{cache_key(config, plan, folder)[:16]}"
+def _entry_stem(config: KernelConfig, folder: Path, plan: Mapping[str, int] | None = None,
+                key: str | None = None) -> str:
+    """An entry's name up to its compiler tag: the same for every compiler (`key`: its
+    cache key where known, else looked up)."""
+    return f"{kernel_name(config, plan)}-{(key or cache_key(config, plan, folder))[:16]}"
 
 
 def library_path(config: KernelConfig, folder: Path | None = None,
@@ -279,7 +280,7 @@ def _build_in(config: KernelConfig, folder: Path,
     source = render(config, plan)
     key = source_key(source, config.isa)
     _record_index(_index_path(config, folder, plan), key)
-    target = folder / f"{name}-{key[:16]}-{tag}.so"
+    target = folder / f"{_entry_stem(config, folder, plan, key)}-{tag}.so"
     with FileLock(target.with_suffix(".lock")):
         if is_valid(target):  # another process built it meanwhile
             return target, False
