@@ -343,10 +343,10 @@ def test_the_cache_key_follows_the_rendered_c_not_the_generator_sources(tmp_path
         rules.write_text(rules.read_text() + "\n# a comment-only edit\n")
 
     def rule(codegen: Path) -> None:
-        plan = codegen / "rules_weights.py"
-        text = plan.read_text()
+        rules = codegen / "rules_weights.py"
+        text = rules.read_text()
         assert "\nCHUNK_PIXELS = 128\n" in text
-        plan.write_text(text.replace("\nCHUNK_PIXELS = 128\n", "\nCHUNK_PIXELS = 96\n"))
+        rules.write_text(text.replace("\nCHUNK_PIXELS = 128\n", "\nCHUNK_PIXELS = 96\n"))
 
     original = _package_copy(tmp_path / "a")
     commented = _package_copy(tmp_path / "b", comment)
