@@ -26,6 +26,7 @@ from convgrad.codegen.rules_data import (
     pad_columns_below,
     pointwise_ncx_tiles,
     stream_min_bytes,
+    weight_packing,
 )
 from convgrad.codegen.rules_groups import (
     MAX_UNROLLED_TAPS,
@@ -186,6 +187,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
             "band_bytes": bands,
             "no_scratch": bool(bands),  # copies bands of rows, not whole tensors
             "image_block_bytes": image_block_bytes(config, plan),
+            "weight_packing": weight_packing(config, plan),
             "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx, **amx}
 
 
