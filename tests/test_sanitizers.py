@@ -133,6 +133,10 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(52, 5), kernel=(3, 3),
                                 in_channels=280, out_channels=128, batch=2,
                                 attrs=dict(pads_begin=1, pads_end=1)), {{}}, "avx2", 2)
+    for fmt in ("IOX", "IXO", "XOI"):  # the forward op's packers: taps, reduced channels
+        run_case(make_case("ConvTransposeBackwardData", spatial=(6, 7), kernel=(3, 3),  # or
+                           in_channels=37, out_channels=70, batch=2,  # vector channels inner
+                           weights_format=fmt), num_threads=2)
     from test_ops import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],

@@ -8,6 +8,7 @@ import pytest
 from cases import TRANSPOSE, make_case
 from test_ops import AMX_OFF, DTYPE_NAMES, ISAS, forced_kernel
 
+from convgrad.codegen.isa import VECTOR_LANES
 from convgrad.codegen.ops import resolve
 from convgrad.codegen.plan import Variant, resolve_plan
 
@@ -34,16 +35,22 @@ CASES = [(op, fmt, kernel) for op in OPS
          for kernel in ((3, 2), (1, 1))]
 
 
-@pytest.mark.parametrize("isa", ISAS)
+# The packers differ by vector width only: one path of each width (f32 on avx512 and
+# avx512bf16 is the same code).
+WIDTHS = list({VECTOR_LANES[isa]: isa for isa in reversed(ISAS)
+               if isa in VECTOR_LANES}.values())
+
+
+@pytest.mark.parametrize("isa", WIDTHS)
 @pytest.mark.parametrize("op,weights_format,kernel", CASES)
 def test_every_weight_packing_is_exact(isa, op, weights_format, kernel):
     """Several vector blocks with a channel tail, several reduced-channel blocks with a
-    tail, taps along both axes, stride and pads; f32 (and on avx512bf16 bf16 in pairs of
-    an even and an odd number of reduced channels)."""
+    tail, taps along both axes, stride and pads; f32, and on avx512bf16 bf16 in pairs
+    (of an even number of reduced channels for 3x2 kernels, odd for 1x1)."""
     cases = [("f32", 37, 70, {})]
     if isa == "avx512bf16":  # bf16 multiplied in pairs (vdpbf16ps), off the AMX path
-        cases += [("bf16", 37, 70, {"bf16_dot": 1, "amx": 0}),
-                  ("bf16", 70, 37, {"bf16_dot": 1, "amx": 0})]
+        cases.append(("bf16", *((37, 70) if kernel != (1, 1) else (70, 37)),
+                      {"bf16_dot": 1, "amx": 0}))
     for dtype, cin, cout, plan in cases:
         case = make_case(op, spatial=(7, 9), kernel=kernel, in_channels=cin,
                          out_channels=cout, batch=1, data_format="NXC", dtype=dtype,
@@ -64,6 +71,7 @@ def test_every_packing_is_reached():
     """The cases above reach each of the four packings on avx512bf16."""
     seen = set()
     for op, fmt, kernel in CASES:
-        for bf16_pairs, reduced in ((False, 70), (True, 70), (True, 37)):
-            seen.add(expected_packing(op, fmt, kernel[0] * kernel[1], bf16_pairs, reduced))
+        taps = kernel[0] * kernel[1]
+        seen.add(expected_packing(op, fmt, taps, False, 70))
+        seen.add(expected_packing(op, fmt, taps, True, 70 if taps > 1 else 37))
     assert seen == {"v_rows", "r_rows", "tap_rows", "values"}
