@@ -379,3 +379,43 @@ def test_an_entry_is_found_through_the_index_or_by_rendering(fresh_cache, monkey
     index[0].unlink()
     assert cache.build(config) == (built, False)
     assert index[0].read_text() == cache.source_key(convgrad.codegen.render(config), config.isa)
+
+
+def test_a_damaged_entry_is_rebuilt_and_an_intact_one_is_not_reread(fresh_cache, monkeypatch):
+    """An entry whose library was truncated (at its recorded time), or rewritten to its
+    size at another time, fails its check and is compiled again (dlopen never sees it);
+    an intact one is recognised by the size and
+    modification time its record noted, without reading the library; a copied cache
+    (new times) is checked by its digest once, then noted."""
+    case = make_case("ConvolutionBackwardData", spatial=(5, 4), kernel=(2, 2),
+                     in_channels=3, out_channels=11, batch=1)
+    assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
+    [library] = fresh_cache.glob("convgrad_*.so")
+    [kernel] = kernels._loaded.values()
+    config, plan = kernel.config, kernel.plan
+    intact = library.read_bytes()
+
+    def unread(path):
+        raise AssertionError(f"{path} read again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cache, "file_digest", unread)
+        assert cache.find(config, plan) == library
+    copy = fresh_cache.parent / "copy"
+    shutil.copytree(fresh_cache, copy)  # new modification times: hashed, still valid,
+    assert cache.is_valid(copy / library.name)
+    with monkeypatch.context() as patched:  # and noted: not read the next time
+        patched.setattr(cache, "file_digest", unread)
+        assert cache.is_valid(copy / library.name)
+    recorded = library.stat().st_mtime_ns
+    for damage in (intact[: len(intact) // 2], bytes(len(intact))):
+        # a new file in its place (this process maps the library: no writes into it),
+        # with the recorded time
+        damaged = library.with_suffix(".damaged")
+        damaged.write_bytes(damage)
+        os.utime(damaged, ns=(recorded, recorded))
+        os.replace(damaged, library)
+        assert cache.find(config, plan) is None
+        kernels.reset()
+        assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
+        assert library.read_bytes() != damage and cache.find(config, plan) == library

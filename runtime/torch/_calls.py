@@ -134,6 +134,12 @@ def collecting(build: bool = True):
         _collector, _recorder = previous
 
 
+def _torch_order(shape: tuple, channels_last: bool) -> list:
+    """A kernel's result shape in torch's order: (A, k..., B) stored channels last is
+    torch's (A, B, k...)."""
+    return [shape[0], shape[-1], *shape[1:-1]] if channels_last else list(shape)
+
+
 class _Call:
     """One resolved configuration of an op on tensors."""
 
@@ -143,12 +149,7 @@ class _Call:
     def __init__(self, spec: OpSpec, a: torch.Tensor, b: torch.Tensor, shape, strides,
                  pads_begin, pads_end, dilations, groups, output_padding, num_threads):
         _bridge.check_pair(spec.kind, spec.inputs, a, b)
-        out_shape = result_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
-                                 groups, output_padding)
         fmt, out_fmt = layouts(spec, a, b)
-        out = new_result(spec, out_shape, out_fmt, a)
-        self.shape, self.strides = tuple(out.shape), out.stride()
-        self.empty = out.numel() == 0
         own, inner = spec.weights_formats[0], spec.weights_formats[2]
         if spec.family == "bwd_weights":
             b_fmt, weights_format = fmt, inner if out_fmt == "NXC" else own
@@ -163,23 +164,37 @@ class _Call:
         self.requested = False  # its kernel was asked for in the background
         self.standin = (spec, shape, strides, pads_begin, pads_end, dilations, groups,
                         output_padding)
-        if self.empty:
-            return
-        a_shape = _bridge.kernel_shape(a, fmt)
-        b_shape = _bridge.kernel_shape(b, b_fmt)
-        if shape is not None:  # a data shape goes as its spatial part: fmt may be NXC
-            shape = list(shape)[-(a.dim() - 2):] if spec.family == "bwd_data" else list(shape)
-        attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
-                 "pads_end": list(pads_end), "dilations": list(dilations), "groups": groups,
-                 "data_format": fmt, spec.weights_attr: weights_format}
-        if output_padding is not None:
-            attrs["output_padding"] = list(output_padding)
-        self.bound = bound.bind(spec.kind, a_shape, b_shape, _DTYPE_NAMES[a.dtype], attrs,
-                                shape, num_threads)
-        # the call as an AOT layer (convgrad.torch.aot), named there
-        self.layer = Layer(spec.kind, (tuple(a_shape), tuple(b_shape))
-                           + (() if shape is None else (tuple(shape),)), attrs,
-                           _DTYPE_NAMES[a.dtype], batch=a_shape[0])
+        args = (spec, a, b, shape, strides, pads_begin, pads_end, dilations, groups,
+                output_padding)
+        if 0 in a.shape or 0 in b.shape or (shape is not None and 0 in shape):
+            out_shape = result_shape(*args)  # a result with no element, or an error
+        else:
+            a_shape = _bridge.kernel_shape(a, fmt)
+            b_shape = _bridge.kernel_shape(b, b_fmt)
+            if shape is not None:  # a data shape goes as its spatial part: fmt may be NXC
+                shape = (list(shape)[-(a.dim() - 2):] if spec.family == "bwd_data"
+                         else list(shape))
+            attrs = {"strides": list(strides), "pads_begin": list(pads_begin),
+                     "pads_end": list(pads_end), "dilations": list(dilations),
+                     "groups": groups, "data_format": fmt, spec.weights_attr: weights_format}
+            if output_padding is not None:
+                attrs["output_padding"] = list(output_padding)
+            try:  # validates the call once, in the layouts the kernel reads
+                self.bound = bound.bind(spec.kind, a_shape, b_shape, _DTYPE_NAMES[a.dtype],
+                                        attrs, shape, num_threads)
+            except (ValueError, TypeError):
+                result_shape(*args)  # the error in torch's terms (NCX shapes)
+                raise
+            out_shape = _torch_order(self.bound.problem.output_shape,
+                                     out_fmt == "NXC" or (spec.family != "bwd_weights"
+                                                          and fmt == "NXC"))
+            # the call as an AOT layer (convgrad.torch.aot), named there
+            self.layer = Layer(spec.kind, (tuple(a_shape), tuple(b_shape))
+                               + (() if shape is None else (tuple(shape),)), attrs,
+                               _DTYPE_NAMES[a.dtype], batch=a_shape[0])
+        out = new_result(spec, out_shape, out_fmt, a)
+        self.shape, self.strides = tuple(out.shape), out.stride()
+        self.empty = out.numel() == 0
 
     def ready(self) -> bool:
         """Whether the kernel is loaded (loading it first in block mode, or where it is
