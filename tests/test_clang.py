@@ -13,6 +13,7 @@ from cases import make_case
 from test_ops import forced_kernel
 
 import convgrad
+from convgrad.codegen.plan import Variant
 from convgrad.cpu import available_isas
 
 pytestmark = pytest.mark.skipif(shutil.which("clang") is None,
@@ -76,7 +77,9 @@ def test_clang_compiles_the_amx_path(op, kernel, data_format, strides, fresh_cac
     case = make_case(op, spatial=(6, 7), kernel=kernel, in_channels=32, out_channels=64,
                      data_format=data_format, dtype="bf16", batch=2, seed=6, attrs=attrs)
     plan = {"bf16_dot": 0} if op == "ConvolutionBackwardWeights" else {}
-    size, run = forced_kernel(case, plan, "avx512bf16", threads=2)
+    size, run = forced_kernel(case, plan, "avx512bf16", threads=2,
+                              variant={"ConvolutionBackwardWeights": Variant.WEIGHTS_PACKED,
+                                       "ConvolutionBackwardData": Variant.DIRECT})
     run(np.empty(size, dtype=np.uint8))  # checks the bits
     (source,) = fresh_cache.glob("convgrad_*.c")
     assert "compute_amx" in source.read_text()

@@ -7,6 +7,7 @@ bf16 results are compared exactly with the exact sum rounded once to the dtype.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -297,7 +298,7 @@ def test_depthwise_weights_share_row_and_channel_blocks(isa, spatial, batch, ker
     eight_lanes = isa in ("avx2", "portable")
     assert depthwise_weight_rows(config)["pixel_sweep"] == (stride > 1 and eight_lanes)
     for threads in (1, 2, 3):
-        run_with_plan(case, {}, isa, threads)
+        run_with_plan(case, {}, isa, threads, variant=Variant.DEPTHWISE_WEIGHTS)
 
 
 ALL_TAPS_GEOMETRY = {
@@ -338,7 +339,7 @@ def test_depthwise_weights_with_every_tap_in_registers(isa, geometry, plan, thre
     assert rows["rows_template"] == "depthwise_taps.h.j2"
     assert rows["row_vb_inner"] == bool(plan.get("row_vb_inner", 0))
     assert not depthwise_weight_rows(config)["all_taps"]
-    run_with_plan(case, plan, isa, threads)
+    run_with_plan(case, plan, isa, threads, variant=Variant.DEPTHWISE_WEIGHTS)
 
 
 def test_every_tap_in_registers_is_a_tuning_candidate_where_the_taps_fit():
@@ -420,7 +421,7 @@ def test_data_gradient_rows_as_overlapping_tap_runs(isa, geometry, variant, op):
     case = make_case(op, **OVERLAP_GEOMETRY[geometry], in_channels=37, out_channels=70,
                      batch=2, data_format=data_format, dtype=dtype, seed=3)
     for threads in (1, 2):
-        run_with_plan(case, plan, isa, threads)
+        run_with_plan(case, plan, isa, threads, variant=Variant.DIRECT)
 
 
 def test_overlapping_tap_runs_by_rule():
@@ -1038,7 +1039,7 @@ def test_depthwise_results_stream_past_the_caches(isa, geometry, op):
     config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
                      "f32").config.with_isa(isa)
     assert (stream_min_bytes(config, plan) == 1024) == (isa != "portable")
-    run_streamed(case, plan, isa)
+    run_streamed(case, plan, isa, variant=Variant.ACROSS_GROUPS)
 
 
 
@@ -1113,10 +1114,10 @@ def test_pointwise_results_stream_past_the_caches(isa, geometry, op):
     zeros = op == "ConvolutionBackwardData" and geometry != "pointwise"  # strided
     assert (stream_min_bytes(config, plan) == 1024) == (op == "ConvolutionBackwardData" and (
         isa.startswith("avx512") or (isa == "avx2" and zeros)))
-    run_streamed(case, plan, isa)
+    run_streamed(case, plan, isa, variant=Variant.DIRECT)
 
 
-def run_streamed(case, plan, isa):
+def run_streamed(case, plan, isa, *, variant):
     """Runs `case` (f32, a result of at least 1 KB) with a forced plan on 1 and 2 threads
     into a result on a cache line, and on 2 into one a float past it; checks the bits.
     (stream_kb goes where the kernel does not stream: the portable path, other ops.)"""
@@ -1127,6 +1128,7 @@ def run_streamed(case, plan, isa):
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "f32")
     config = problem.config.with_isa(isa)
     kernel = kernels.get_kernel(config, taken(config, plan, ("stream_kb",)))
+    assert_variant(case, kernel, plan, variant)
     first, second = (b, a) if problem.swap_inputs else (a, b)
     size = int(np.prod(problem.output_shape))
     assert size * 4 >= 1024
@@ -1212,8 +1214,9 @@ def taken(config, plan, optional=()):
 def forced_kernel(case, plan=None, isa=None, threads=1, *, optional=(), variant=None):
     """`case`'s kernel (with a forced plan and ISA path where given, less the `optional`
     overrides its variant does not take): the workspace bytes it needs, and a function
-    that runs it on a given workspace and checks the bits. With `variant`, the kernel
-    must be of that variant."""
+    that runs it on a given workspace and checks the bits. A forced plan names the
+    `variant` it is meant to run (a Variant, or one per op kind), and the kernel must
+    be of it."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
@@ -1223,7 +1226,7 @@ def forced_kernel(case, plan=None, isa=None, threads=1, *, optional=(), variant=
     plan = None if plan is None else taken(config, plan, optional)
     kernel = kernels.get_kernel(config, plan)
     assert plan is None or kernel.plan == plan
-    assert variant is None or kernel.variant is variant, kernel.variant
+    assert_variant(case, kernel, plan, variant)
     first, second = (b, a) if problem.swap_inputs else (a, b)
     dims = kernels.dims_of(problem, threads)
 
@@ -1235,9 +1238,19 @@ def forced_kernel(case, plan=None, isa=None, threads=1, *, optional=(), variant=
     return kernel.workspace_size(dims), run
 
 
-def run_with_plan(case, plan, isa, threads, *, optional=(), variant=None):
-    """Runs `case` with a forced plan on one ISA path and checks the result's bits (and
-    the kernel's variant, where given; `optional`: as forced_kernel)."""
+def assert_variant(case, kernel, plan, variant) -> None:
+    """A kernel of a forced plan is of the `variant` (a Variant, or a mapping from op
+    kinds to one) the test names."""
+    if plan is None and variant is None:
+        return
+    assert variant is not None, "a test that forces a plan names the variant it runs"
+    expected = variant[case.op] if isinstance(variant, Mapping) else variant
+    assert kernel.variant is expected, (kernel.variant, expected)
+
+
+def run_with_plan(case, plan, isa, threads, *, optional=(), variant):
+    """Runs `case` with a forced plan on one ISA path and checks the result's bits and
+    the kernel's variant (`optional`, `variant`: as forced_kernel)."""
     size, run = forced_kernel(case, plan, isa, threads, optional=optional, variant=variant)
     run(np.empty(size, dtype=np.uint8))
 
@@ -1329,7 +1342,7 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
         dims = kernels.dims_of(problem, threads)
         assert (kernels.get_kernel(config, blocks).workspace_size(dims)
                 < kernels.get_kernel(config, whole).workspace_size(dims))
-    run_with_plan(case, whole, isa, 2)
+    run_with_plan(case, whole, isa, 2, variant=Variant.DIRECT)
 
 
 BAND_GEOMETRY = [name for name in IMAGE_BLOCK_GEOMETRY if name != "3d"]
@@ -1365,7 +1378,7 @@ def test_ncx_data_gradients_in_bands_of_rows(isa, geometry, op, dtype):
     assert all(band_bytes(config, plan) for plan in plans) and not band_bytes(config, whole)
     for plan in plans:
         for threads in (1, 2, 3):
-            run_with_plan(case, plan, isa, threads)
+            run_with_plan(case, plan, isa, threads, variant=Variant.DIRECT)
     dims = kernels.dims_of(problem, 2)
     assert (kernels.get_kernel(config, plans[0]).workspace_size(dims)
             < kernels.get_kernel(config, whole).workspace_size(dims))
@@ -1418,7 +1431,7 @@ def test_ncx_bf16_pixel_pairs_transposed(geometry, op):
     case = make_case(op, **BF16_PAIR_GEOMETRY[geometry], batch=2, data_format="NCX",
                      dtype="bf16", seed=23)
     for threads in (1, 2):
-        run_with_plan(case, {}, "avx512bf16", threads)
+        run_with_plan(case, {}, "avx512bf16", threads, variant=Variant.WEIGHTS_PAIRS)
 
 
 BF16_CHANNEL_PAIR_GEOMETRY = {
@@ -1451,7 +1464,7 @@ def test_ncx_bf16_channel_pairs_transposed(geometry, op):
     for threads in (1, 2, 3):
         for image_block_kb in (0, 1):
             run_with_plan(case, {"amx": 0, "image_block_kb": image_block_kb}, "avx512bf16",
-                          threads, optional=AMX_OFF)
+                          threads, optional=AMX_OFF, variant=Variant.DIRECT)
 
 
 @pytest.mark.skipif("avx512bf16" not in ISAS, reason="this CPU has no vdpbf16ps")
@@ -1479,12 +1492,14 @@ def test_bf16_weight_gradients_in_blocks_of_images(op, data_format, geometry):
         sizes[threads], run = forced_kernel(case, blocks, "avx512bf16", threads,
                                             optional=AMX_OFF, variant=Variant.WEIGHTS_PAIRS)
         run(np.empty(sizes[threads], dtype=np.uint8))
-    whole_size = forced_kernel(case, whole, "avx512bf16", 2, optional=AMX_OFF)[0]
+    whole_size = forced_kernel(case, whole, "avx512bf16", 2, optional=AMX_OFF,
+                               variant=Variant.WEIGHTS_PAIRS)[0]
     assert sizes[2] < whole_size
     # the copies of one image, from the workspaces of 1 and 5 images: blocks of two
     pairs = {"amx": 0, "image_block_kb": (whole_size - sizes[2]) // 4 * 2 // 1024 + 1}
     for threads in (1, 3):
-        size, run = forced_kernel(case, pairs, "avx512bf16", threads, optional=AMX_OFF)
+        size, run = forced_kernel(case, pairs, "avx512bf16", threads, optional=AMX_OFF,
+                                  variant=Variant.WEIGHTS_PAIRS)
         assert sizes[2] < size < whole_size
         run(np.empty(size, dtype=np.uint8))
     a, b = (x.astype(np.float32) for x in case.inputs[:2])
@@ -1659,9 +1674,11 @@ def test_strided_pointwise_weight_gradient_read_in_place(isa, monkeypatch):
                      attrs=dict(strides=[2, 3], pads_begin=[1, 0], pads_end=[0, 2]))
     config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
                      "f32").config.with_isa(isa)
-    assert weight_tiles(config)["packed"] == (VECTOR_LANES[isa] < 8)
+    packed = VECTOR_LANES[isa] < 8
+    assert weight_tiles(config)["packed"] == packed
     for threads in (1, 2):
-        run_with_plan(case, {}, isa, threads)
+        run_with_plan(case, {}, isa, threads,
+                      variant=Variant.WEIGHTS_PACKED if packed else Variant.WEIGHTS)
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i.startswith("avx512")])
@@ -1680,7 +1697,7 @@ def test_ncx_weights_read_in_place_with_sums_beyond_l2(isa, monkeypatch):
     tiles = weight_tiles(config)
     assert not tiles["packed"] and tiles["src_in_place"] and tiles["chunk_pixels"] == 0
     for threads in (1, 2):
-        run_with_plan(case, {}, isa, threads)
+        run_with_plan(case, {}, isa, threads, variant=Variant.WEIGHTS)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -1714,7 +1731,8 @@ def test_ncx_weights_with_more_outputs_read_src_in_place(isa, monkeypatch):
         assert vendor_plan(config, "GenuineIntel").get("packed") == (
             None if flattened or config.isa not in PACKED_NCX_VENDORS else 1)
         for threads in (1, 2):
-            run_with_plan(case, {}, isa, threads)
+            run_with_plan(case, {}, isa, threads,
+                          variant=Variant.WEIGHTS_FLAT if flattened else Variant.WEIGHTS)
     others = [dict(kernel=(1, 1), in_channels=300, out_channels=1000),  # 1x1, 1.2 MB
               dict(kernel=(3, 3), in_channels=16, out_channels=64, groups=2),
               dict(kernel=(3, 3), in_channels=128, out_channels=256),  # 1.2 MB of sums
@@ -1901,11 +1919,14 @@ def test_grouped_layers_across_groups(isa, op, geometry, data_format, dtype, mon
         assert not taken
         return
     assert taken
+    variant = (Variant.GROUPED_WEIGHTS if config.family == "bwd_weights"
+               else Variant.ACROSS_GROUPS)
     for threads in (1, 2, 3):
-        run_with_plan(case, plan, isa, threads)
+        run_with_plan(case, plan, isa, threads, variant=variant)
     if config.family != "bwd_weights":  # the input spread row by row, not whole
         for threads in (1, 2, 3):
-            run_with_plan(case, {**plan, "spread_whole_mb": 0}, isa, threads)
+            run_with_plan(case, {**plan, "spread_whole_mb": 0}, isa, threads,
+                          variant=variant)
 
 
 def test_grouped_layers_across_groups_by_rule():
@@ -2023,6 +2044,7 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
     pixels over both images, or 2 large ones for 280 x 300 channels), exact on 1 and 2
     threads, and so does the plan with the other kind of chunks."""
     from convgrad.codegen.isa import VECTOR_LANES
+    from convgrad.codegen.ops import resolve
     from convgrad.codegen.rules_weights import (
         CHUNK_PIXELS,
         NCX_LIGHT_CHUNK_PIXELS,
@@ -2074,8 +2096,12 @@ def test_weight_gradient_chunks_by_pixels_or_by_bytes(isa, data_format, monkeypa
             run_case(case, num_threads=threads)
         rules_pixels = weight_tiles(config(channels))["chunk_pixels"]
         other = {"chunk_pixels": 0 if rules_pixels else CHUNK_PIXELS}
+        # the same kernel as the rules' but for its chunks: from panels or in place
+        actual = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                         "f32").config.with_isa(isa)
+        variant = Variant.WEIGHTS_PACKED if weight_tiles(actual)["packed"] else Variant.WEIGHTS
         for threads in (1, 2):
-            run_with_plan(case, other, isa, threads)
+            run_with_plan(case, other, isa, threads, variant=variant)
 
 
 @pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
@@ -2263,7 +2289,7 @@ def test_taller_tiles_for_a_narrower_last_vector_block(isa, dtype):
                      out_channels=40, batch=2, dtype=dtype, attrs=dict(pads_begin=1, pads_end=1))
     for plan in ({}, {"weight_chunk_kb": 4}):
         for threads in (1, 2):
-            run_with_plan(case, plan, isa, threads)
+            run_with_plan(case, plan, isa, threads, variant=Variant.DIRECT)
 
 
 def _problem(case):
@@ -2411,4 +2437,5 @@ def test_few_result_channels_run_by_col2im(isa, geometry, data_format, dtype, op
     if (data_format, dtype) == ("NCX", "f32"):  # diff_dst read in place, or transposed
         plans.append({"col2im": 1, "ncx_in_place": 0})
     for plan, threads in itertools.product(plans, (1, 2, 3)):
-        run_with_plan(case, plan, isa, threads)
+        run_with_plan(case, plan, isa, threads,
+                      variant=Variant.COL2IM if plan.get("col2im") else Variant.DIRECT)

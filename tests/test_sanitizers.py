@@ -70,6 +70,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     sys.path.insert(0, {tests!r})
     from cases import make_case
     from test_ops import run_case
+    from convgrad.codegen.plan import Variant
     for op, channels, fmt, dtype in [
             ("ConvolutionBackwardWeights", (24, 20), "NXC", "f32"),
             ("ConvTransposeBackwardWeights", (2, 20), "NXC", "f32"),
@@ -85,9 +86,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         if dtype == "bf16":  # both plans, whichever the vendor's rules take
             import convgrad
             from test_ops import run_with_plan
-            for plan in ({{}}, {{"bf16_dot": 0}}):
+            pairs = convgrad.cpu.available_isas()[0] == "avx512bf16"  # vdpbf16ps
+            for plan in ({{}}, {{"bf16_dot": 0}}):  # 3 input channels: flattened rows
+                weights = Variant.WEIGHTS_PAIRS if pairs and not plan else Variant.WEIGHTS_FLAT
                 run_with_plan(case, plan, convgrad.cpu.available_isas()[0], 2,
-                              optional=("bf16_dot",))
+                              optional=("bf16_dot",),
+                              variant={{"ConvolutionBackwardWeights": weights,
+                                       "ConvTransposeBackwardData": Variant.DIRECT}})
     # bf16 NXC: AMX where the CPU has it (src channels first, diff_dst pairs)
     run_case(make_case("ConvolutionBackwardWeights", spatial=(9, 7), kernel=(3, 3),
                        in_channels=64, out_channels=96, batch=3, dtype="bf16",
@@ -112,27 +117,30 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardWeights", **PACKED_WEIGHT_GEOMETRY[name],
                                 data_format=fmt, dtype=dtype),
                       {{"packed": 1, "bf16_dot": 0}}, convgrad.cpu.available_isas()[0], 2,
-                      optional=("bf16_dot",))
+                      optional=("bf16_dot",), variant=Variant.WEIGHTS_PACKED)
     import convgrad  # NCX bf16 pixel pairs transposed (vdpbf16ps: forced, Intel widens)
     from test_ops import BF16_PAIR_GEOMETRY, run_with_plan
-    for geometry in BF16_PAIR_GEOMETRY.values():
-        run_with_plan(make_case("ConvolutionBackwardWeights", **geometry, batch=2,
-                                data_format="NCX", dtype="bf16"), {{}},
-                      convgrad.cpu.available_isas()[0], 2)
-    for name, fmt in (("3x3", "NXC"), ("1x1 groups", "NCX")):  # a block of images at a time
-        run_with_plan(make_case("ConvolutionBackwardWeights", **BF16_PAIR_GEOMETRY[name],
-                                batch=3, data_format=fmt, dtype="bf16"),
-                      {{"amx": 0, "image_block_kb": 1}}, convgrad.cpu.available_isas()[0], 2,
-                      optional=("amx", "image_block_kb"))
+    if convgrad.cpu.available_isas()[0] == "avx512bf16":  # (pairs need vdpbf16ps)
+        for geometry in BF16_PAIR_GEOMETRY.values():
+            run_with_plan(make_case("ConvolutionBackwardWeights", **geometry, batch=2,
+                                    data_format="NCX", dtype="bf16"), {{}},
+                          "avx512bf16", 2, variant=Variant.WEIGHTS_PAIRS)
+        for name, fmt in (("3x3", "NXC"), ("1x1 groups", "NCX")):  # a block of images
+            run_with_plan(make_case("ConvolutionBackwardWeights", **BF16_PAIR_GEOMETRY[name],
+                                    batch=3, data_format=fmt, dtype="bf16"),
+                          {{"amx": 0, "image_block_kb": 1}}, "avx512bf16", 2,
+                          optional=("amx",), variant=Variant.WEIGHTS_PAIRS)
     from test_ops import BF16_CHANNEL_PAIR_GEOMETRY  # and data gradients' channel pairs
     for geometry in BF16_CHANNEL_PAIR_GEOMETRY.values():
         run_with_plan(make_case("ConvolutionBackwardData", **geometry, batch=2,
                                 data_format="NCX", dtype="bf16"), {{"amx": 0}},
-                      convgrad.cpu.available_isas()[0], 2, optional=("amx",))
+                      convgrad.cpu.available_isas()[0], 2, optional=("amx",),
+                      variant=Variant.DIRECT)
     if "avx2" in convgrad.cpu.available_isas():  # avx2: pixel chunks beyond L2, 2-vector blocks
         run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(52, 5), kernel=(3, 3),
                                 in_channels=280, out_channels=128, batch=2,
-                                attrs=dict(pads_begin=1, pads_end=1)), {{}}, "avx2", 2)
+                                attrs=dict(pads_begin=1, pads_end=1)), {{}}, "avx2", 2,
+                      variant=Variant.WEIGHTS_PACKED)
     for fmt in ("IOX", "IXO", "XOI"):  # the forward op's packers: taps, reduced channels
         run_case(make_case("ConvTransposeBackwardData", spatial=(6, 7), kernel=(3, 3),  # or
                            in_channels=37, out_channels=70, batch=2,  # vector channels inner
@@ -148,6 +156,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     sys.path.insert(0, {tests!r})
     from cases import make_case
     from test_ops import run_case, run_with_plan
+    from convgrad.codegen.plan import Variant
     # overlapping runs of each w tap (and, forced, padded columns instead); a dilated
     # narrow row cut at its edges (no tap reaches every column; 24% of the padded row's
     # multiply-adds would be by zeros); wide rows with 70 channels (avx2: 3 x 4 tiles)
@@ -158,7 +167,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                                     pads_begin=[1, 3], pads_end=[0, 1]))
         run_case(case, num_threads=2)
         if dilation == 1:
-            run_with_plan(case, {{"overlap_runs": 0}}, None, 2)
+            run_with_plan(case, {{"overlap_runs": 0}}, None, 2, variant=Variant.DIRECT)
     run_case(make_case("ConvolutionBackwardData", spatial=(5, 9), kernel=(3, 3),  # bf16 rows
                        in_channels=37, out_channels=70, batch=2, dtype="bf16",   # rounded
                        attrs=dict(pads_begin=1, pads_end=1)), num_threads=2)   # after runs
@@ -197,18 +206,21 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     for name in ("1x1", "3x3"):
         run_with_plan(make_case("ConvolutionBackwardWeights", **DOT_WEIGHT_GEOMETRY[name],
                                 data_format="NCX"), {{"ncx_dot": 1, "group_lanes": 0}},
-                      convgrad.cpu.available_isas()[0], 2, optional=("group_lanes",))
+                      convgrad.cpu.available_isas()[0], 2, optional=("group_lanes",),
+                      variant=Variant.WEIGHTS_DOT)
     # depthwise weights, a sliding window of src columns (dilated, a channel tail), each
     # row's vector blocks in turn
     run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(5, 30), kernel=(3, 3),
                             in_channels=44, out_channels=44, groups=44, batch=2,
                             attrs=dict(dilations=[1, 2], pads_begin=1, pads_end=[1, 2])),
-                  {{"slide": 1, "row_vb_inner": 1}}, convgrad.cpu.available_isas()[0], 2)
+                  {{"slide": 1, "row_vb_inner": 1}}, convgrad.cpu.available_isas()[0], 2,
+                  variant=Variant.DEPTHWISE_WEIGHTS)
     # depthwise weights with every tap of a kd in registers, groups of one row (strides,
     # dilation, one-sided pads, a channel tail)
     from test_ops import ALL_TAPS_GEOMETRY
     run_with_plan(make_case("ConvolutionBackwardWeights", **ALL_TAPS_GEOMETRY["strided"]),
-                  {{"all_taps": 1, "row_group_kb": 1}}, convgrad.cpu.available_isas()[0], 2)
+                  {{"all_taps": 1, "row_group_kb": 1}}, convgrad.cpu.available_isas()[0], 2,
+                  variant=Variant.DEPTHWISE_WEIGHTS)
     # across groups, an operand spread; 1x6: whole loads of partial vectors but in src's
     # last row
     from test_ops import GROUP_LANES_GEOMETRY
@@ -217,16 +229,19 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
             run_case(make_case(op, **GROUP_LANES_GEOMETRY[name], data_format=fmt,
                                dtype=dtype), num_threads=2)
     run_with_plan(make_case("ConvolutionBackwardData", **GROUP_LANES_GEOMETRY["1x6"]),
-                  {{"group_lanes": 1, "spread_whole_mb": 0}}, convgrad.cpu.available_isas()[0], 3)
+                  {{"group_lanes": 1, "spread_whole_mb": 0}}, convgrad.cpu.available_isas()[0], 3,
+                  variant=Variant.ACROSS_GROUPS)
     # depthwise weights with stride: rows sweep whole pixels, a channel tail
     run_with_plan(make_case("ConvolutionBackwardWeights", spatial=(6, 21), kernel=(3, 3),
                             in_channels=72, out_channels=72, groups=72, batch=2,
                             attrs=dict(strides=[1, 2], pads_begin=1, pads_end=1)),
-                  {{"pixel_sweep": 1}}, convgrad.cpu.available_isas()[0], 2)
+                  {{"pixel_sweep": 1}}, convgrad.cpu.available_isas()[0], 2,
+                  variant=Variant.DEPTHWISE_WEIGHTS)
     # depthwise results stored past the caches (and, a float off a line, not)
     from test_ops import STREAM_GEOMETRY, run_streamed
     run_streamed(make_case("ConvolutionBackwardData", **STREAM_GEOMETRY["strided"], batch=2),
-                 {{"stream_kb": 1}}, convgrad.cpu.available_isas()[0])
+                 {{"stream_kb": 1}}, convgrad.cpu.available_isas()[0],
+                 variant=Variant.ACROSS_GROUPS)
     # NCX data gradients a block of images at a time (one per thread; the last block
     # short), padded rows in the block's copy; and a band of rows at a time (one row, a
     # few rows cut short, padded rows in the band's copy)
@@ -235,20 +250,21 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
                                 batch=5, data_format="NCX", dtype=dtype),
                       {{"band_kb": 0, "image_block_kb": 1, "col2im": 0}},
-                      convgrad.cpu.available_isas()[0], 3, optional=("col2im",))
+                      convgrad.cpu.available_isas()[0], 3, optional=("col2im",),
+                      variant=Variant.DIRECT)
     for name, plan in (("3x3 padded", {{"band_kb": 3}}), ("strided", {{"band_kb": 1}}),
                        ("1d", {{"band_kb": 1}}),
                        ("3x3 padded", {{"band_kb": 1, "pad_columns": 1, "overlap_runs": 0}})):
         run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
                                 batch=5, data_format="NCX", dtype="f16"),
                       {{**plan, "col2im": 0}}, convgrad.cpu.available_isas()[0], 3,
-                      optional=("col2im",))
+                      optional=("col2im",), variant=Variant.DIRECT)
     # few result channels by col2im: row shares inside an image, dilated taps, edges
     from test_ops import COL2IM_GEOMETRY
     for name, fmt in (("conv1", "NXC"), ("1d", "NCX"), ("3d", "NXC")):
         run_with_plan(make_case("ConvolutionBackwardData", **COL2IM_GEOMETRY[name],
                                 data_format=fmt), {{"col2im": 1}},
-                      convgrad.cpu.available_isas()[0], 3)
+                      convgrad.cpu.available_isas()[0], 3, variant=Variant.COL2IM)
     print("ok")
 """),
 }
