@@ -7,9 +7,10 @@ the planner's rules. The rules live in one module per responsibility:
 - `plan_choices`: the plan vocabulary, plan keys and kernel names;
 - `rules_common`, `rules_data`, `rules_weights`, `rules_groups`, `rules_amx`: the
   rules of each kernel family, every constant beside the function that reads it;
+- `choices`: the typed record of derived choices of each kernel family (`Choices`);
 - `variants`: `resolve_plan`, the one resolution of a configuration and plan into a
-  `KernelPlan` (its `Variant`, the body template, and every derived choice), and the
-  render context;
+  `KernelPlan` (its `Variant`, the body template, and its family's record of every
+  derived choice), and the render context;
 - `vendors`: where a CPU vendor's rules differ (`vendor_plan`);
 - `candidates`: the plans the tuner times.
 
@@ -17,6 +18,7 @@ This module gathers the entry points the runtime and the tuner use.
 """
 
 from convgrad.codegen.candidates import candidates
+from convgrad.codegen.choices import Choices
 from convgrad.codegen.plan_choices import (
     EMPTY_PLAN,
     PLAN_CHOICES,
@@ -33,6 +35,6 @@ from convgrad.codegen.variants import (
 )
 from convgrad.codegen.vendors import vendor_plan
 
-__all__ = ["EMPTY_PLAN", "PLAN_CHOICES", "KernelPlan", "Variant", "candidates", "check_plan",
-           "compile_parts", "kernel_name", "plan_key", "render_context", "resolve_plan",
-           "vendor_plan"]
+__all__ = ["EMPTY_PLAN", "PLAN_CHOICES", "Choices", "KernelPlan", "Variant", "candidates",
+           "check_plan", "compile_parts", "kernel_name", "plan_key", "render_context",
+           "resolve_plan", "vendor_plan"]

@@ -10,6 +10,16 @@ from enum import Enum
 from functools import lru_cache
 from types import MappingProxyType
 
+from convgrad.codegen.choices import (
+    AcrossGroupsChoices,
+    Choices,
+    Col2imChoices,
+    DepthwiseWeightChoices,
+    DirectChoices,
+    DotWeightChoices,
+    GroupedWeightChoices,
+    WeightChoices,
+)
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.isa import SIMD, VECTOR_LANES
 from convgrad.codegen.plan_choices import EMPTY_PLAN, PLAN_CHOICES, kernel_name
@@ -73,6 +83,17 @@ class Variant(str, Enum):
     WEIGHTS = "bwd_weights.c.j2"  # input-channel rows of one tap, the user's buffers
 
 
+# Each variant's record of choices (codegen/choices.py).
+RECORDS: dict[Variant, type[Choices]] = {
+    Variant.DIRECT: DirectChoices, Variant.COL2IM: Col2imChoices,
+    Variant.ACROSS_GROUPS: AcrossGroupsChoices,
+    Variant.DEPTHWISE_WEIGHTS: DepthwiseWeightChoices,
+    Variant.GROUPED_WEIGHTS: GroupedWeightChoices, Variant.WEIGHTS_DOT: DotWeightChoices,
+    Variant.WEIGHTS_PACKED: WeightChoices, Variant.WEIGHTS_PAIRS: WeightChoices,
+    Variant.WEIGHTS_FLAT: WeightChoices, Variant.WEIGHTS: WeightChoices,
+}
+
+
 class _Reads(Mapping):
     """A plan that records which choices the rules read (get, [], in; iterating it, as
     `{**plan}` does, counts as reading every choice)."""
@@ -105,7 +126,7 @@ class KernelPlan:
 
     variant: Variant
     overrides: Mapping[str, int]
-    choices: Mapping[str, object]  # what the variant's template reads (tiles, flags, ...)
+    choices: Choices  # what the variant's template reads (tiles, flags, ...): its record
     bf16_dot: bool  # bf16 pairs multiplied with vdpbf16ps
     reads: frozenset[str]  # the plan choices the rules consulted: those the variant takes
 
@@ -125,17 +146,17 @@ def _resolve(config: KernelConfig, items: tuple[tuple[str, int], ...],
     overrides = dict(items)
     reads = _Reads(overrides)
     body = _body(config, reads)
-    choices = {k: v for k, v in body.items() if k != "body"}
+    variant = Variant(body.pop("body"))
+    choices = RECORDS[variant](**body)
     bf16_dot = uses_bf16_dot(config, reads)
-    variant = Variant(body["body"])
     unread = sorted(set(overrides) - reads.read)
     if unread and strict:
         raise ValueError(
             f"plan {overrides} of {kernel_name(config, overrides)}: the "
             f"{variant.name.lower()} variant ({variant.value}) does not read {unread}; "
             f"here it takes {sorted(reads.read & set(PLAN_CHOICES))}")
-    return KernelPlan(variant, MappingProxyType(overrides), MappingProxyType(choices),
-                      bf16_dot, frozenset(reads.read))
+    return KernelPlan(variant, MappingProxyType(overrides), choices, bf16_dot,
+                      frozenset(reads.read))
 
 
 def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:

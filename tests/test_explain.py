@@ -83,3 +83,32 @@ def test_explain_command_on_a_layer_file_and_on_one_op():
                           "3,3,16,16", "--plan", '{"packed": 1}', "--isa", "avx2"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "does not read ['packed']" in bad.stderr
+
+
+def test_each_variant_resolves_to_its_typed_record():
+    """A resolved plan's choices are its family's frozen record: a choice the family does
+    not have, one missing or one of the wrong type is refused; choices that do not apply
+    (no AMX path here) are not among its keys."""
+    import dataclasses
+
+    from convgrad.codegen.choices import DirectChoices, WeightChoices
+    from convgrad.codegen.variants import RECORDS
+
+    for layer, isa, variant in LAYERS:
+        config = layer.resolve().config.with_isa(isa)
+        record = resolve_plan(config).choices
+        assert type(record) is RECORDS[variant]
+        assert set(record) <= {f.name for f in dataclasses.fields(record)}
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            record.tiles = ()  # type: ignore[misc]
+    config = LAYERS[0][0].resolve().config.with_isa("avx2")
+    choices = dict(resolve_plan(config).choices)
+    assert "amx_pack" not in choices and not choices["amx"]
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        DirectChoices(**choices, chunk_pixels=1)
+    with pytest.raises(TypeError, match="missing"):
+        DirectChoices(**{k: v for k, v in choices.items() if k != "tile_rows"})
+    with pytest.raises(TypeError, match="tile_rows"):
+        DirectChoices(**{**choices, "tile_rows": True})
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        WeightChoices(**choices)
