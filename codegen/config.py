@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from convgrad.codegen.rules_problem import narrowed_isa
+
 FAMILIES = ("fwd", "bwd_data", "bwd_weights")
 DATA_FORMATS = ("NXC", "NCX")
 # In the forward-convolution problem's terms: (O, I/g, k...), (k..., I/g, O), (O, k..., I/g)
@@ -26,11 +28,6 @@ ISAS = ("portable", "avx2", "avx512", "avx512bf16", "neon", "sve256")
 # ISA paths that add instructions for some dtypes only: for the other dtypes they are
 # their base path, so those kernels (and their cache entries) are shared.
 ISA_EXTENSIONS: dict[str, tuple[tuple[str, ...], str]] = {"avx512bf16": (("bf16",), "avx512")}
-# Kernels whose vectors run over at most this many channels take the avx2 path's 8-lane
-# vectors on avx512: 16 lanes would leave half or more of each vector empty. Measured on
-# Ice Lake-SP, 1 thread: ResNet-50 conv1's data gradient (3 channels) 14 GFLOP/s on
-# avx512, 29 on avx2; 3-D grouped weight gradients with 4 channels per group 13 vs 17.
-NARROW_CHANNELS = 8
 
 
 @dataclass(frozen=True)
@@ -116,9 +113,7 @@ class KernelConfig:
     def with_isa(self, isa: str) -> KernelConfig:
         """This configuration on ISA path `isa`, or on its base path where `isa` adds
         nothing for this dtype, or on avx2 where avx512's vectors would be mostly empty
-        (NARROW_CHANNELS)."""
+        (rules_problem.narrowed_isa)."""
         dtypes, base = ISA_EXTENSIONS.get(isa, ((self.dtype,), isa))
         isa = isa if self.dtype in dtypes else base
-        if isa == "avx512" and self.vector_channels <= NARROW_CHANNELS:
-            isa = "avx2"
-        return replace(self, isa=isa)
+        return replace(self, isa=narrowed_isa(isa, self.vector_channels))

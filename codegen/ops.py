@@ -13,38 +13,12 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from convgrad.codegen.config import KernelConfig
+from convgrad.codegen.rules_problem import swaps_operands
 
 # Sizes, pads and strides are passed to C as int64 and multiplied there; bounding
 # them keeps every index computation far from overflow.
 MAX_EXTENT = 2**31 - 1
 
-# A 1x1 weight gradient with stride 1 and no pads is symmetric in its two data inputs:
-# diff_W[o][i] = sum over pixels of diff_dst[o] * src[i], so the kernel of the problem
-# with src and diff_dst swapped (Cin and Cout swapped) computes it, its [i'][o'] sums
-# (XIO) being the [o][i] (OIX) weights and the other way round. Channels-first f32 ones
-# run with fewer outputs than inputs where the weights take at most SWAP_MAX_SUMS_BYTES:
-# the planner then reads the larger tensor in place and transposes only the smaller one,
-# instead of copying both into panels; and with more outputs than inputs where they take
-# at least SWAP_MIN_SUMS_BYTES: both are packed then, and the panels of more output
-# channels run faster on avx2. Sapphire Rapids, batch 8, pair ratios swapped / as given
-# on 1 / 2 threads (XIO; OIX weights through register transposes):
-#   more outputs: avx512 32->64 on 56x56 1.31 / 1.24, 64->128 1.21 / 1.20, 64->256
-#   (ResNet-50's res2a_branch1) 1.20 / 1.25, 128->256 on 28x28 and 56x56 1.07-1.19 /
-#   1.04-1.06, 128->512 (256 KB) 1.04-1.08 / 1.01-1.10, 256->1024 0.93 / 0.96, 512->2048
-#   0.80 / 0.80; avx2 up to 32 KB 1.06-1.37 / 0.98-1.36, 64->256 1.03-1.04 / 0.96-1.05,
-#   128->256 0.99-1.02 / 0.99-1.01, 128->512 0.94-0.95 / 0.96-0.98, 256->1024 0.85 / 0.85.
-#   bf16 and f16 (widened copies) lose: 64->256 on avx512 0.71-0.78 on 1 thread.
-#   fewer outputs: avx2 256->64 1.04 / 1.04, 512->128 1.07 / 1.03, 1024->256 (1 MB)
-#   1.16 / 1.16, 2048->512 1.08 / 1.10; avx512 256->64 1.07 / 0.82, 512->128 0.93 / 0.95,
-#   1024->256 1.01 / 0.99, 2048->512 0.98 / 1.01.
-# Zen 4, same measure (after the sums left for the weights in whole vectors): 128->512
-# on 28x28 (256 KB) avx2 1.12 / 1.20, avx512 1.11 / 1.09; 256->1024 avx2 0.93 / 1.05,
-# avx512 1.15 / 1.14; 512->2048 avx2 0.92 / 0.89, avx512 1.04 / 0.97; hence 256 KB, not
-# the 128 KB Sapphire Rapids' avx2 figures asked for.
-# resolve() knows no ISA (the runtime, the AOT build and its fallback to a lesser ISA's
-# kernels must agree on the configuration), hence thresholds both paths accept.
-SWAP_MAX_SUMS_BYTES = 256 * 1024
-SWAP_MIN_SUMS_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -124,7 +98,7 @@ class Problem:
     ``src_spatial``/``dst_spatial``/``pads_begin`` are in the terms of the kernel's
     forward-convolution problem; ``swap_inputs`` is set when the op's first data
     input is the kernel's second argument (ConvTransposeBackwardWeights, and weight
-    gradients run with their inputs swapped: SWAP_MAX_SUMS_BYTES), and
+    gradients run with their inputs swapped: rules_problem.swaps_operands), and
     ``operands_swapped`` when the kernel is that of the problem with the inputs swapped.
     """
 
@@ -415,17 +389,6 @@ def _kernel_from_shape(spec: OpSpec, layout: _Layout, shape, o: int, i_g: int):
     return kernel
 
 
-def _swaps_operands(a, kernel, pb, pe, cin: int, cout: int, dtype: str) -> bool:
-    """Whether a weight gradient runs as the problem with its inputs swapped
-    (SWAP_MAX_SUMS_BYTES, SWAP_MIN_SUMS_BYTES)."""
-    sums = 4 * cin * cout
-    return (a.data_format == "NCX" and dtype == "f32" and a.groups == 1
-            and all(k == 1 for k in kernel) and all(s == 1 for s in a.strides)
-            and not any(pb) and not any(pe)
-            and (cout > cin and sums <= SWAP_MAX_SUMS_BYTES
-                 or cin > cout and sums >= SWAP_MIN_SUMS_BYTES))
-
-
 def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,
             shape_input=None, dtype: str = "f32") -> Problem:
     """Validate one call and work out its kernel, run-time sizes and result shape.
@@ -503,7 +466,8 @@ def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,
                    f"{src_name} and the {spec.shape_name} kernel")
         cin_g, cout_g = cin // g, cout // g
         out = layout.join_weights(cout, cin_g, kernel)
-        swapped = _swaps_operands(a, kernel, pb, pe, cin, cout, dtype)
+        swapped = swaps_operands(a.data_format, dtype, a.groups, kernel, a.strides,
+                                 pb, pe, cin, cout)
         if swapped:
             swap = not swap
             cin_g, cout_g, src, dst = cout, cin, dst, src

@@ -56,6 +56,29 @@ def render(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
     return template.render(**render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN))
 
 
+class _Recording(jinja2.BaseLoader):
+    """A loader that records the templates a render loads."""
+
+    def __init__(self, loader: jinja2.BaseLoader):
+        self.loader = loader
+        self.loaded: list[str] = []
+
+    def get_source(self, environment, template):
+        if template not in self.loaded:
+            self.loaded.append(template)
+        return self.loader.get_source(environment, template)
+
+
+def templates_of(config: KernelConfig, plan: Mapping[str, int] | None = None) -> tuple[str, ...]:
+    """The template files the kernel of `config` and `plan` renders from, in load order."""
+    base = _environment()
+    recording = _Recording(base.loader)
+    environment = base.overlay(loader=recording, cache_size=0)
+    environment.get_template("kernel.c.j2").render(
+        **render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN))
+    return tuple(recording.loaded)
+
+
 def source_digest(source: str) -> str:
     """SHA-256 of a kernel's C source: what the cache and AOT manifests key it by."""
     return hashlib.sha256(source.encode()).hexdigest()

@@ -19,8 +19,6 @@ import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import jinja2
-
 from convgrad.codegen import KernelConfig
 from convgrad.codegen.layers import Layer
 from convgrad.codegen.plan import (
@@ -28,11 +26,10 @@ from convgrad.codegen.plan import (
     KernelPlan,
     check_plan,
     kernel_name,
-    render_context,
     resolve_plan,
     vendor_plan,
 )
-from convgrad.codegen.render import _environment
+from convgrad.codegen.render import templates_of
 from convgrad.cpu import cpu_features, cpu_vendor, selected_isa
 
 
@@ -46,6 +43,7 @@ class Explanation:
     source: str  # "rules", "rules for <vendor>" or "given"
     resolved: KernelPlan
     templates: tuple[str, ...]
+    problem_rules: tuple[str, ...] = ()  # rules_problem's, where they changed the kernel
 
     def __str__(self) -> str:
         c = self.config
@@ -55,6 +53,7 @@ class Explanation:
                  f"  variant    {self.resolved.variant.name.lower()} "
                  f"({self.resolved.variant.value})",
                  f"  plan       {json.dumps(self.plan) if self.plan else '{}'} ({self.source})"]
+        lines[1:1] = [f"  problem    {rule}" for rule in self.problem_rules]
         for choice in sorted(self.plan):
             lines.append(f"    {choice} = {self.plan[choice]}: {PLAN_CHOICES[choice]}")
         taken = sorted(self.resolved.reads & set(PLAN_CHOICES))
@@ -73,34 +72,21 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-class _Recording(jinja2.BaseLoader):
-    """A loader that records the templates a render loads."""
-
-    def __init__(self, loader: jinja2.BaseLoader):
-        self.loader = loader
-        self.loaded: list[str] = []
-
-    def get_source(self, environment, template):
-        if template not in self.loaded:
-            self.loaded.append(template)
-        return self.loader.get_source(environment, template)
-
-
-def templates_of(config: KernelConfig, plan: Mapping[str, int] | None = None) -> tuple[str, ...]:
-    """The template files the kernel of `config` and `plan` renders from, in load order."""
-    base = _environment()
-    recording = _Recording(base.loader)
-    environment = base.overlay(loader=recording, cache_size=0)
-    environment.get_template("kernel.c.j2").render(**render_context(config, "", plan or {}))
-    return tuple(recording.loaded)
-
-
 def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | None = None,
             vendor: str | None = None) -> Explanation:
     """The kernel `layer` runs on the `isa` path (default this CPU's), with `plan` if
     given, else the rules' plan for a CPU of `vendor` (default this CPU's, whose
     features also decide whether the kernel carries an AMX path)."""
-    config = layer.resolve().config.with_isa(isa or selected_isa())
+    problem = layer.resolve()
+    asked = isa or selected_isa()
+    config = problem.config.with_isa(asked)
+    rules = []
+    if config.isa == "avx2" and asked.startswith("avx512"):
+        rules.append(f"isa {config.isa}, not {asked}: vectors over {config.vector_channels} "
+                     f"channels (rules_problem.narrowed_isa)")
+    if problem.operands_swapped:
+        rules.append("inputs swapped: the kernel of the problem with src and diff_dst "
+                     "exchanged (rules_problem.swaps_operands)")
     if plan is not None:
         chosen, source = check_plan(plan), "given"
     else:
@@ -110,4 +96,4 @@ def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | N
         source = f"rules for {vendor or 'any vendor'}" if chosen else "rules"
     resolved = resolve_plan(config, chosen)
     return Explanation(layer, config, dict(chosen), source, resolved,
-                       templates_of(config, chosen))
+                       templates_of(config, chosen), tuple(rules))

@@ -112,3 +112,20 @@ def test_each_variant_resolves_to_its_typed_record():
         DirectChoices(**{**choices, "tile_rows": True})
     with pytest.raises(TypeError, match="unexpected keyword"):
         WeightChoices(**choices)
+
+
+def test_explain_names_the_rules_that_chose_the_configuration():
+    """The problem's own rules (codegen/rules_problem.py) show where they changed the
+    kernel: avx512 narrowed to avx2 for 3 vector channels, a 1x1 NCX weight gradient run
+    with its inputs swapped; neither where they did not."""
+    narrow = Layer("ConvolutionBackwardData", ((8, 56, 56, 64), (7, 7, 3, 64), (112, 112)),
+                   {"strides": 2, "pads_begin": 3, "pads_end": 2})
+    swapped = Layer("ConvolutionBackwardWeights", ((8, 64, 56, 56), (8, 256, 56, 56), (1, 1)),
+                    {"data_format": "NCX"})
+    found = explain(narrow, isa="avx512", vendor="")
+    assert found.config.isa == "avx2" and "rules_problem.narrowed_isa" in str(found)
+    found = explain(swapped, isa="avx512", vendor="")
+    assert (found.config.cin_per_group, found.config.cout_per_group) == (256, 64)
+    assert "rules_problem.swaps_operands" in str(found)
+    plain = explain(LAYERS[0][0], isa="avx512", vendor="")
+    assert not plain.problem_rules and "problem " not in str(plain)
