@@ -42,8 +42,12 @@ def main() -> int:
             answer = {"ok": True}
         except Exception as error:  # noqa: BLE001 - sent to the caller, which reports it
             answer = {"error": f"{type(error).__name__}: {error}"}
-        sys.stdout.write(json.dumps(answer) + "\n")
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # the caller is gone (its exit): nothing to answer
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
     return 0
 
 

@@ -169,3 +169,20 @@ def test_compile_kernels_builds_what_a_step_runs(background_mode, monkeypatch, k
         ["ConvTransposeBackwardData"] * 2 + ["ConvolutionBackwardData"]
         + ["ConvolutionBackwardWeights"] * 2)
     assert cgt.compile_kernels(model, x, progress=False) == 0  # all loaded now
+
+
+def test_a_build_worker_whose_caller_is_gone_exits_quietly(tmp_path):
+    """A worker that answers after its caller closed the pipe (the caller exiting while a
+    build ends) exits with status 0 and no traceback."""
+    import json
+    import subprocess
+    import sys
+
+    worker = subprocess.Popen([sys.executable, "-m", "convgrad.build_worker"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env={**os.environ, "CC": "false"})
+    worker.stdout.close()  # the caller is gone before the answer
+    request = {"config": {"family": "no such family"}, "settings": {}}
+    _, errors = worker.communicate(json.dumps(request).encode() + b"\n", timeout=60)
+    assert worker.returncode == 0 and errors == b"", errors.decode()
+
