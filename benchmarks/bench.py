@@ -55,7 +55,7 @@ import convgrad
 from convgrad import api, kernels, tuning
 from convgrad.aot import median_seconds
 from convgrad.codegen import KernelConfig, generator_version
-from convgrad.codegen.layers import ConvShape, Layer, conv_layers, parse_benchdnn
+from convgrad.codegen.layers import OP_ALIASES, ConvShape, Layer, conv_layers, parse_benchdnn
 from convgrad.codegen.plan import vendor_plan
 from convgrad.codegen.targets import host
 from convgrad.compiler import compile_objects, compiler_identity
@@ -68,8 +68,7 @@ try:
 except ImportError:  # reported by main()
     torch = None
 
-OPS = {"data": "ConvolutionBackwardData", "weights": "ConvolutionBackwardWeights",
-       "fwd": "ConvTransposeBackwardData", "tweights": "ConvTransposeBackwardWeights"}
+OPS = OP_ALIASES
 DTYPES = ("f32", "bf16", "f16")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
 DEFAULT_SHAPES_DIR = ROOT.parent / "shared" / "benchdnn_conv_shapes"

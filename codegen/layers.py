@@ -17,6 +17,9 @@ from pathlib import Path
 from convgrad.codegen.ops import OPS, Problem, resolve
 
 DEFAULT_OPS = ("ConvolutionBackwardData", "ConvolutionBackwardWeights")
+# Short names of the op kinds a layer list generates (the benchmark's and the CLI's --ops)
+OP_ALIASES = {"data": "ConvolutionBackwardData", "weights": "ConvolutionBackwardWeights",
+              "fwd": "ConvTransposeBackwardData", "tweights": "ConvTransposeBackwardWeights"}
 _AXES = "dhw"
 
 

@@ -30,7 +30,7 @@ from convgrad import aot, cache, kernels, pch, tuning
 from convgrad import explain as explain_module
 from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
-from convgrad.codegen.layers import DEFAULT_OPS, Layer
+from convgrad.codegen.layers import DEFAULT_OPS, OP_ALIASES, Layer
 from convgrad.codegen.plan import vendor_plan
 from convgrad.codegen.targets import host, target
 from convgrad.cpu import available_isas, cpu_vendor
@@ -82,7 +82,8 @@ def _add_aot_parser(commands) -> None:
                         help="output folder (default: generated/ of a source checkout, else "
                              "./generated)")
     parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
-                        help="comma-separated op kinds generated for benchdnn shapes")
+                        help="comma-separated op kinds generated for benchdnn shapes (or data, "
+                             "weights, fwd, tweights)")
     parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
     parser.add_argument("--weights-format", default=None,
@@ -184,11 +185,18 @@ def _torch_layers(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
                      f"shape {shapes} failed: {type(error).__name__}: {error}")
 
 
-def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    ops = tuple(o.strip() for o in args.ops.split(",") if o.strip())
+def _op_kinds(text: str, parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """--ops: op kinds, or their short names (data, weights, fwd, tweights)."""
+    ops = tuple(OP_ALIASES.get(o.strip(), o.strip()) for o in text.split(",") if o.strip())
     unknown = [o for o in ops if o not in OPS]
-    if unknown:
-        parser.error(f"unknown op kind(s) {unknown}; expected {list(OPS)}")
+    if unknown or not ops:
+        parser.error(f"--ops {text!r}: unknown op kind(s) {unknown}; expected op kinds of "
+                     f"{list(OPS)} or {', '.join(OP_ALIASES)}")
+    return ops
+
+
+def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    ops = _op_kinds(args.ops, parser)
     for name in ("jobs", "repeats", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -398,7 +406,8 @@ def _add_explain_parser(commands) -> None:
     parser.add_argument("--attrs", type=json.loads, default={}, metavar="JSON",
                         help='with --op: attributes, e.g. \'{"strides": 2, "pads_begin": 1}\'')
     parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
-                        help="comma-separated op kinds generated for benchdnn shapes")
+                        help="comma-separated op kinds generated for benchdnn shapes (or data, "
+                             "weights, fwd, tweights)")
     parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
     parser.add_argument("--isa", default=None, choices=ISAS[::-1],
@@ -418,7 +427,7 @@ def _explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error("--op needs --inputs with two shapes (and the shape input)")
         layers = [Layer(args.op, tuple(args.inputs), args.attrs, args.dtype, args.op)]
     else:
-        layers = aot.read_layers(args.layers, ops=tuple(args.ops.split(",")),
+        layers = aot.read_layers(args.layers, ops=_op_kinds(args.ops, parser),
                                  dtype=args.dtype, data_format=args.data_format)
     if args.layer:
         layers = [layer for layer in layers if any(n in layer.name for n in args.layer)]

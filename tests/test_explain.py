@@ -85,6 +85,20 @@ def test_explain_command_on_a_layer_file_and_on_one_op():
     assert bad.returncode == 2 and "does not read ['packed']" in bad.stderr
 
 
+def test_explain_ops_by_short_name_and_an_unknown_one(capsys):
+    """--ops takes the benchmark's short names (fwd: ConvTransposeBackwardData); an
+    unknown one is a usage error that lists the valid ones."""
+    from convgrad import cli
+
+    assert cli.main(["explain", "--layer", "res5a_branch1", "--ops", "fwd",
+                     "--isa", "avx2"]) == 0
+    assert "res5a_branch1: ConvTransposeBackwardData" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["explain", "--ops", "forward"])
+    assert usage.value.code == 2
+    assert "unknown op kind(s) ['forward']" in capsys.readouterr().err
+
+
 def test_each_variant_resolves_to_its_typed_record():
     """A resolved plan's choices are its family's frozen record: a choice the family does
     not have, one missing or one of the wrong type is refused; choices that do not apply
