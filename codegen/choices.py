@@ -56,15 +56,10 @@ def _field_names(cls: type) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DirectChoices(Choices):
-    """direct.c.j2: register tiles of output pixels (fwd, bwd_data), with the channels-
-    first pointwise tiles (ncx_*) and the AMX path (amx_*) where the kernel has them."""
-    amx: bool
-    band_bytes: int
-    image_block_bytes: int
+class RowTileChoices(Choices):
+    """Register tiles of output pixels over rows (rules_data.direct_tiles), which the
+    direct and across-groups data kernels share, with their runs, padding and stores."""
     long_tile: int
-    ncx_second_part: Tiles
-    no_scratch: bool
     overlap_runs: bool
     pad_columns_below: int
     partial_steps: int
@@ -73,7 +68,6 @@ class DirectChoices(Choices):
     pointwise_ncx: bool
     reduce_chunk: int
     row_vb_inner: bool
-    second_part: Tiles
     step_unroll: int
     stream_min_bytes: int
     tile_rows: int
@@ -82,6 +76,18 @@ class DirectChoices(Choices):
     unrolled_tiles: Tiles
     vec_block: int
     vec_last: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirectChoices(RowTileChoices):
+    """direct.c.j2: register tiles of output pixels (fwd, bwd_data), with the channels-
+    first pointwise tiles (ncx_*) and the AMX path (amx_*) where the kernel has them."""
+    amx: bool
+    band_bytes: int
+    image_block_bytes: int
+    ncx_second_part: Tiles
+    no_scratch: bool
+    second_part: Tiles
     weight_packing: str
     amx_band_pixels: int | None = None
     amx_pack: str | None = None
@@ -117,30 +123,13 @@ class Col2imChoices(Choices):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AcrossGroupsChoices(Choices):
+class AcrossGroupsChoices(RowTileChoices):
     """depthwise.c.j2: depthwise data kernels, or lanes across groups."""
     compute_scratch: bool
-    long_tile: int
-    overlap_runs: bool
-    pad_columns_below: int
-    partial_steps: int
-    point_vb_inner: bool
-    pointwise: bool
-    pointwise_ncx: bool
-    reduce_chunk: int
     reduced_per_group: int
     round_in_tiles: bool
-    row_vb_inner: bool
     slide_rows: int
     spread_whole_bytes: int
-    step_unroll: int
-    stream_min_bytes: int
-    tile_rows: int
-    tile_rows_last: int
-    tiles: Tiles
-    unrolled_tiles: Tiles
-    vec_block: int
-    vec_last: int
     vector_per_group: int
 
 

@@ -316,6 +316,37 @@ def _ncx_reduce_chunk(config: KernelConfig, plan: Mapping[str, int], vecs: int) 
     return max(1, budget // (per_channel * steps)) * steps
 
 
+# Depthwise data gradients store results of at least STREAM_MIN_KB past the caches: with
+# one multiply-add or few per value they wait on memory, and an ordinary store first reads
+# each line it writes. The tiles then write whole 64-byte lines (LINE_FLOATS), a partial
+# one would go to memory twice: on avx2, blocks of STREAM_VECTOR_BLOCK vectors. Zen 4,
+# MobileNet batch 8, 1 thread, caches flushed, ordinary / streamed: 64 channels on 112x112
+# stride 2 (25.7 MB result) avx2 4.4 / 1.4 ms, avx512 3.0 / 1.6; 128 on 56x56 (12.8 MB)
+# 4.4 / 3.0, 4.2 / 3.3; 256 on 28x28 stride 2 (6.4 MB) 0.85 / 0.49. But a result that
+# stays in the last-level cache for its next reader is better written there: in the
+# benchmark (PyTorch's calls between ours), 2 threads, that last layer ran at 38-47
+# GFLOP/s ordinary and 25 streamed (memory-bound at ~28 GB/s on this VM). So from 8 MB.
+#
+# 1x1 data gradients (direct.c.j2) stream too: they have the fewest multiply-adds per
+# result value (the reduced channels), and with strides three quarters of a result are
+# zeros, which cost no multiply-add at all. Zen 4, ResNet-50 NXC batch 8, pair ratios
+# streamed / ordinary stores (avx2: blocks of 4 / 3 vectors), 1 / 2 threads: res3a_branch2a
+# (1x1 s2, 128 -> 256 channels, 25.7 MB) avx2 1.54-1.55 / 1.55-1.56, avx512 1.51-1.53 /
+# 1.47; res4a_branch2a (12.8 MB) 1.28-1.30 / 1.25-1.26, 1.15 / 1.08; res3a_branch1 1.05-1.06
+# / 1.06-1.08, 1.10 / 1.09; res4a_branch1 1.12 / 1.11, 1.04 / 1.04; on avx512 stride-1
+# res2b_branch2a (64 -> 256, 25.7 MB) 1.13 / 1.12 and res3b_branch2a (12.8 MB) 1.07 / 1.06.
+# A result its next reader then finds in memory rather than in the last-level cache
+# (threshold_backward right after each call) still gains on these, by 3-25% in all; but
+# on avx2 the stride-1 kernels store at the pace of their multiply-adds (1.00-1.02 alone)
+# and lose 2-6% with their reader: on avx2 only strided data gradients (with zeros)
+# stream. 6.4 MB results gained 0-10% alone and lost up to 9% with their reader: the
+# threshold stays at 8 MB. (The 4-vector blocks cost avx2's res5a_branch2a and
+# res5a_branch1, 6.4 MB, 1-4% where they do not stream.)
+# The forward convolutions' 1x1 kernels (fwd, the same template) do not stream: their
+# result is the next layer's input, and without zeros they do enough multiply-adds per
+# value. Sapphire Rapids avx512, ResNet-50 NXC batch 8, pair ratios ordinary / streamed,
+# 1 / 2 threads: res3a_branch1 (1x1 s2, 256 -> 512, 12.8 MB) 1.27-1.28 / 1.30,
+# res2a_branch1 (64 -> 256 on 56x56, 25.7 MB) 1.05 / 1.02-1.03.
 STREAM_MIN_KB = 8192
 STREAM_VECTOR_BLOCK = {"avx2": 4}
 STREAM_STRIDE_1_LANES = (16,)

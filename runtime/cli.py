@@ -403,6 +403,8 @@ def _add_explain_parser(commands) -> None:
                         help="one op instead of layer files, with --inputs and --attrs")
     parser.add_argument("--inputs", nargs="+", type=_shape, default=None, metavar="N,H,...",
                         help="with --op: the two input shapes (and the shape input's value)")
+    parser.add_argument("--notes", action="store_true",
+                        help="each rule's constants, with the measured notes that set them")
     parser.add_argument("--attrs", type=json.loads, default={}, metavar="JSON",
                         help='with --op: attributes, e.g. \'{"strides": 2, "pads_begin": 1}\'')
     parser.add_argument("--ops", default=",".join(DEFAULT_OPS),
@@ -436,7 +438,7 @@ def _explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         for layer in layers:
             print(explain_module.explain(layer, isa=args.isa, plan=args.plan,
-                                         vendor=args.vendor))
+                                         vendor=args.vendor, with_notes=args.notes))
     except ValueError as error:
         parser.exit(2, f"convgrad explain: error: {error}\n")
     return 0

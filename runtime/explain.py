@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import textwrap
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from convgrad import rule_notes
 from convgrad.codegen import KernelConfig
 from convgrad.codegen.layers import Layer
 from convgrad.codegen.plan import (
@@ -31,6 +32,7 @@ from convgrad.codegen.plan import (
 )
 from convgrad.codegen.render import templates_of
 from convgrad.cpu import cpu_features, cpu_vendor, selected_isa
+from convgrad.rule_notes import Note
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Explanation:
     resolved: KernelPlan
     templates: tuple[str, ...]
     problem_rules: tuple[str, ...] = ()  # rules_problem's, where they changed the kernel
+    rules: Mapping[str, list[str]] = field(default_factory=dict)  # rule -> its choices
+    notes: Mapping[str, list[Note]] = field(default_factory=dict)  # rule -> its constants
 
     def __str__(self) -> str:
         c = self.config
@@ -64,6 +68,15 @@ class Explanation:
             lines.append(textwrap.fill(", ".join(items), width=100,
                                        initial_indent=f"  {title:<10} ",
                                        subsequent_indent=" " * 13, break_on_hyphens=False))
+        for index, (rule, choices) in enumerate(self.rules.items()):
+            lines.append(textwrap.fill(f"{rule}: {', '.join(choices)}", width=100,
+                                       initial_indent=f"  {'rules' if not index else '':<10} ",
+                                       subsequent_indent=" " * 15, break_on_hyphens=False))
+            for note in self.notes.get(rule, []):
+                lines.append(textwrap.fill(
+                    f"{note.name} = {_short(note.value)} ({note.module}): "
+                    f"{note.comment or '(no note)'}", width=100, initial_indent=" " * 15,
+                    subsequent_indent=" " * 17, break_on_hyphens=False))
         return "\n".join(lines)
 
 
@@ -73,10 +86,12 @@ def _short(value: object) -> str:
 
 
 def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | None = None,
-            vendor: str | None = None) -> Explanation:
+            vendor: str | None = None, with_notes: bool = False) -> Explanation:
     """The kernel `layer` runs on the `isa` path (default this CPU's), with `plan` if
     given, else the rules' plan for a CPU of `vendor` (default this CPU's, whose
-    features also decide whether the kernel carries an AMX path)."""
+    features also decide whether the kernel carries an AMX path). Each derived choice is
+    attributed to the rule that set it; `with_notes` adds the measured notes of the
+    constants each rule reads."""
     problem = layer.resolve()
     asked = isa or selected_isa()
     config = problem.config.with_isa(asked)
@@ -95,5 +110,9 @@ def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | N
         chosen = vendor_plan(config, vendor, cpu_features() if here else None)
         source = f"rules for {vendor or 'any vendor'}" if chosen else "rules"
     resolved = resolve_plan(config, chosen)
+    attributed = rule_notes.attribute(config, resolved)
+    by_name = {rule_notes.rule_name(r): r for r in rule_notes.RULES[resolved.variant]}
+    noted = {name: rule_notes.notes(by_name[name]) for name in attributed
+             if with_notes and name in by_name}
     return Explanation(layer, config, dict(chosen), source, resolved,
-                       templates_of(config, chosen), tuple(rules))
+                       templates_of(config, chosen), tuple(rules), attributed, noted)

@@ -143,3 +143,37 @@ def test_explain_names_the_rules_that_chose_the_configuration():
     assert "rules_problem.swaps_operands" in str(found)
     plain = explain(LAYERS[0][0], isa="avx512", vendor="")
     assert not plain.problem_rules and "problem " not in str(plain)
+
+
+# The choices a variant's branch of variants._body sets itself (no rule function).
+BODY_CHOICES = {"ncx_second_part", "no_scratch", "second_part", "compute_scratch",
+                "vector_per_group", "reduced_per_group", "spread_whole_bytes",
+                "round_in_tiles", "pointwise_ncx", "overlap_runs", "pad_columns_below",
+                "column_runs", "input_in_place", "image_block_bytes"}
+
+
+@pytest.mark.parametrize("layer,isa,variant", LAYERS, ids=[layer.name for layer, *_ in LAYERS])
+def test_explain_attributes_every_choice_to_its_rule(layer, isa, variant):
+    """Every derived choice is attributed to the rule function that returns it, but for a
+    few the variant's branch sets itself; the rule of the vector block is named."""
+    from convgrad import rule_notes
+
+    found = explain(layer, isa=isa, vendor="AuthenticAMD")
+    attributed = [c for choices in found.rules.values() for c in choices]
+    assert sorted(attributed) == sorted(found.resolved.choices)  # each once
+    assert set(found.rules.get(rule_notes.BODY, ())) <= BODY_CHOICES
+    if "vec_block" in found.resolved.choices:
+        assert any("vec_block" in choices for rule, choices in found.rules.items()
+                   if rule != rule_notes.BODY)
+
+
+def test_explain_notes_give_each_rules_constants_and_their_measurements():
+    """--notes: the constants a rule reads (through its helpers too), with the comment
+    above each, which holds the measurements that set it."""
+    found = explain(LAYERS[0][0], isa="avx512", vendor="AuthenticAMD", with_notes=True)
+    direct = {note.name: note for note in found.notes["rules_data.direct_tiles"]}
+    assert direct["WEIGHT_CHUNK_BYTES"].value == 512 * 1024
+    assert "L2" in direct["WEIGHT_CHUNK_BYTES"].comment
+    assert "GFLOP/s" in direct["LONG_TILE_ACCUMULATORS"].comment
+    assert "WEIGHT_CHUNK_BYTES = 524288 (rules_data): half of a 1 MB L2" in str(found)
+    assert not explain(LAYERS[0][0], isa="avx512", vendor="AuthenticAMD").notes
