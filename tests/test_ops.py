@@ -2328,6 +2328,34 @@ def test_weight_gradients_swap_their_inputs_by_rule():
         problem = _problem(make_case("ConvolutionBackwardWeights",
                                      **{**SWAPPED, "in_channels": cin, "out_channels": cout}))
         assert problem.swap_inputs and problem.config.cout_per_group == cin
+    # channels last: fewer outputs, their last avx512 vector half empty, small weights
+    for cin, cout, swap in ((144, 24, True), (240, 40, True), (40, 8, True), (480, 40, False),
+                            (192, 32, False), (24, 40, False)):
+        problem = _problem(make_case("ConvolutionBackwardWeights", **{
+            **SWAPPED, "in_channels": cin, "out_channels": cout, "data_format": "NXC"}))
+        assert problem.swap_inputs is swap, (cin, cout)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op,weights_format", [("ConvolutionBackwardWeights", "XIO"),
+                                               ("ConvolutionBackwardWeights", "OXI"),
+                                               ("ConvTransposeBackwardWeights", "IOX")])
+def test_channels_last_weight_gradients_with_inputs_swapped(isa, op, weights_format,
+                                                             monkeypatch):
+    """Channels-last 1x1 weight gradients with 8 more outputs than a multiple of 16 run
+    swapped: the reference's weights in the user's format (torch's channels_last OXI
+    too), with channel tails, on every ISA path, 1 and 2 threads."""
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    channels = (dict(in_channels=24, out_channels=72) if op in TRANSPOSE
+                else dict(in_channels=72, out_channels=24))
+    for extra in ({}, dict(in_channels=40, out_channels=8) if op not in TRANSPOSE
+                  else dict(in_channels=8, out_channels=40)):
+        case = make_case(op, **{**SWAPPED, **channels, **extra, "spatial": (5, 7),
+                                "batch": 2, "data_format": "NXC"},
+                         weights_format=weights_format, seed=9)
+        assert _problem(case).swap_inputs is (op not in TRANSPOSE)
+        for threads in (1, 2):
+            run_case(case, num_threads=threads)
 
 
 @pytest.mark.parametrize("isa", ISAS)
