@@ -110,10 +110,13 @@ class KernelConfig:
             return self.groups
         return self.cin_per_group if self.family == "bwd_data" else self.cout_per_group
 
+    def base_isa(self, isa: str) -> str:
+        """`isa`, or its base path where `isa` adds nothing for this dtype."""
+        dtypes, base = ISA_EXTENSIONS.get(isa, ((self.dtype,), isa))
+        return isa if self.dtype in dtypes else base
+
     def with_isa(self, isa: str) -> KernelConfig:
         """This configuration on ISA path `isa`, or on its base path where `isa` adds
-        nothing for this dtype, or on avx2 where avx512's vectors would be mostly empty
-        (rules_problem.narrowed_isa)."""
-        dtypes, base = ISA_EXTENSIONS.get(isa, ((self.dtype,), isa))
-        isa = isa if self.dtype in dtypes else base
-        return replace(self, isa=narrowed_isa(isa, self.vector_channels))
+        nothing for this dtype (base_isa), or on avx2 where avx512's vectors would be
+        mostly empty (rules_problem.narrowed_isa)."""
+        return replace(self, isa=narrowed_isa(self.base_isa(isa), self.vector_channels))

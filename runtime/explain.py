@@ -96,8 +96,9 @@ def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | N
     asked = isa or selected_isa()
     config = problem.config.with_isa(asked)
     rules = []
-    if config.isa == "avx2" and asked.startswith("avx512"):
-        rules.append(f"isa {config.isa}, not {asked}: vectors over {config.vector_channels} "
+    base = problem.config.base_isa(asked)
+    if config.isa != base:  # narrowed
+        rules.append(f"isa {config.isa}, not {base}: vectors over {config.vector_channels} "
                      f"channels (rules_problem.narrowed_isa)")
     if problem.operands_swapped:
         rules.append("inputs swapped: the kernel of the problem with src and diff_dst "

@@ -116,26 +116,17 @@ def _names(code: types.CodeType) -> set[str]:
 
 
 def _defining_module(name: str, module: str) -> str:
-    """The codegen module whose top level assigns `name` (`module` imports it)."""
-    if name in _comments(module) or name in _assigned(module):
+    """The module of `module`'s package whose top level assigns `name` (`module` itself,
+    or one it imports `name` from)."""
+    if name in _comments(module):
         return module
-    source = sys.modules[module]
-    for other in ("rules_common", "rules_groups", "rules_data", "rules_weights", "isa",
-                  "plan_choices", "rules_problem", "config"):
-        candidate = f"{source.__package__}.{other}"
-        if candidate in sys.modules and name in _assigned(candidate):
-            return candidate
+    package = sys.modules[module].__package__
+    for other in sorted(sys.modules):
+        if (other.startswith(f"{package}.")
+                and str(getattr(sys.modules[other], "__file__", "")).endswith(".py")
+                and name in _comments(other)):
+            return other
     return module
-
-
-@cache
-def _assigned(module: str) -> frozenset[str]:
-    tree = ast.parse(inspect.getsource(sys.modules[module]))
-    return frozenset(target.id for node in tree.body
-                     if isinstance(node, ast.Assign | ast.AnnAssign)
-                     for target in (node.targets if isinstance(node, ast.Assign)
-                                    else [node.target])
-                     if isinstance(target, ast.Name))
 
 
 @cache

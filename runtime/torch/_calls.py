@@ -185,9 +185,7 @@ class _Call:
             except (ValueError, TypeError):
                 result_shape(*args)  # the error in torch's terms (NCX shapes)
                 raise
-            out_shape = _torch_order(self.bound.problem.output_shape,
-                                     out_fmt == "NXC" or (spec.family != "bwd_weights"
-                                                          and fmt == "NXC"))
+            out_shape = _torch_order(self.bound.problem.output_shape, out_fmt == "NXC")
             # the call as an AOT layer (convgrad.torch.aot), named there
             self.layer = Layer(spec.kind, (tuple(a_shape), tuple(b_shape))
                                + (() if shape is None else (tuple(shape),)), attrs,
