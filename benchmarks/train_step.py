@@ -28,7 +28,10 @@ input needs no gradient).
 
 For each model, dtype and thread count (torch.set_num_threads, which convgrad follows),
 both models start from the same weights and see the same batch; a warm-up step compiles
-convgrad's kernels (timed apart as "first step"); one more step of each runs under
+convgrad's kernels (timed apart as "first step"; with kernels compiling in the
+background, also the second step, the step from which every convolution ran
+convgrad's kernel ("switched") and the seconds until that step ended ("after s")); one
+more step of each runs under
 torch.profiler, which counts its `aten::copy_` calls ("copies torch/ours": layout
 conversions and other copies; the profiler may log a few lines to stderr for each
 profiled step); then the two take turns in
@@ -93,6 +96,8 @@ class Row:
     ratio: float  # torch ms / convgrad ms
     convgrad_first_step_ms: float  # loads the kernels, or runs torch's while they compile
     switched_at_step: int  # the first step every convolution ran convgrad's kernel in
+    convgrad_second_step_ms: float  # a cold cache: the held builds run during this step
+    switched_after_s: float  # seconds from the first step's start to that switched step's end
     # largest |g - g64| / max |g64| over the convolution weights' gradients of the first
     # step, g64 those of the same model and batch in float64
     torch_grad_err: float
@@ -116,18 +121,20 @@ CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d,
                 nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
-def steps_until_switched(step: Callable[[], object], limit_seconds: float = 600.0) -> int:
+def steps_until_switched(step: Callable[[], object], limit_seconds: float = 600.0
+                         ) -> list[float]:
     """Runs `step` until a step runs no convolution on PyTorch's stand-in (kernels
     compiling in the background: convgrad.background) and every build finished; returns
-    how many steps ran, that last one included."""
-    steps, deadline = 0, time.monotonic() + limit_seconds
+    the seconds of each step that ran, that last one included."""
+    seconds, deadline = [], time.monotonic() + limit_seconds
     while time.monotonic() < deadline:
         served = _calls.standin_calls
+        begin = time.perf_counter()
         step()
-        steps += 1
+        seconds.append(time.perf_counter() - begin)
         if _calls.standin_calls == served and not background.pending():
             break
-    return steps
+    return seconds
 
 
 def count_copies(step: Callable[[], object]) -> int:
@@ -179,10 +186,12 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
     begin = time.perf_counter()
     step_ours()
     first = time.perf_counter() - begin
-    switched = 1  # the step from which every convolution ran convgrad's kernel
+    steps = [first]  # until every convolution ran convgrad's kernel
     if _calls.standin_calls != served or background.pending():
-        switched += steps_until_switched(step_ours)
+        steps += steps_until_switched(step_ours)
+    begin = time.perf_counter()
     step_ours()
+    second = steps[1] if len(steps) > 1 else time.perf_counter() - begin
     step_torch()
     make_step(exact, x.to(torch.float64), labels)()
     # both models are in training mode: BatchNorm uses the batch statistics and updates
@@ -199,20 +208,23 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
     return Row(name, dtype_name, threads, shape[0], shape[-1],
                shape[2] if len(shape) == 5 else None, fmt_name,
                round(t_torch * 1e3, 3), n_torch, round(t_ours * 1e3, 3), n_ours,
-               round(t_torch / t_ours, 3), round(first * 1e3, 1), switched, *errors,
+               round(t_torch / t_ours, 3), round(first * 1e3, 1), len(steps),
+               round(second * 1e3, 1), round(sum(steps), 2), *errors,
                copies_torch, copies_ours)
 
 
 def table(rows: list[Row]) -> str:
     header = (f"{'model':<16}{'dtype':<6}{'threads':>8}{'torch.nn ms':>13}{'convgrad ms':>13}"
-              f"{'ratio':>8}{'first step ms':>15}{'switched':>10}{'grad err torch/ours':>21}"
+              f"{'ratio':>8}{'first step ms':>15}{'2nd step ms':>13}{'switched':>10}{'after s':>9}"
+              f"{'grad err torch/ours':>21}"
               f"{'copies torch/ours':>19}")
     lines = [header, "-" * len(header)]
     for r in rows:
         copies = f"{r.torch_copies}/{r.convgrad_copies}"
         lines.append(f"{r.model:<16}{r.dtype:<6}{r.threads:>8}{r.torch_ms:>13.1f}"
                      f"{r.convgrad_ms:>13.1f}{r.ratio:>8.2f}{r.convgrad_first_step_ms:>15.0f}"
-                     f"{r.switched_at_step:>10}"
+                     f"{r.convgrad_second_step_ms:>13.0f}{r.switched_at_step:>10}"
+                     f"{r.switched_after_s:>9.1f}"
                      f"{f'{r.torch_grad_err:.1e}/{r.convgrad_grad_err:.1e}':>21}{copies:>19}")
     return "\n".join(lines)
 

@@ -34,8 +34,10 @@ def _script(path, text: str):
 
 @pytest.fixture
 def background_mode(fresh_cache, monkeypatch):
-    """A new kernel cache and background compilation, whatever the environment says."""
+    """A new kernel cache and background compilation, whatever the environment says;
+    builds start at once (test_build_delay holds them)."""
     monkeypatch.setenv("CONVGRAD_COMPILE", "background")
+    monkeypatch.setenv(background.DELAY_ENV, "0")
     background.set_mode(None)
     yield fresh_cache
     background.set_mode(None)

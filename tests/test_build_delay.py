@@ -1,0 +1,88 @@
+"""convgrad.background holds build requests until none came for CONVGRAD_BUILD_DELAY
+seconds (a model's first pass is over), so the pass's steps keep the cores; wait()
+(compile_kernels) starts them at once. The builds here are stubs that note when they
+started: no compiler runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from convgrad import background
+
+
+class _Call:
+    """What the pool asks of a request: its config, whether it tunes, load()."""
+
+    tunes = False
+    kernel = None
+    failed = False
+
+    def __init__(self, name: str) -> None:
+        self.config = name
+        self.started: float | None = None
+        self.loaded = threading.Event()
+
+    def load(self) -> None:
+        self.kernel = object()
+        self.loaded.set()
+
+
+@pytest.fixture
+def pool(monkeypatch):
+    """A new pool whose builds note their start instead of compiling."""
+    monkeypatch.setattr(background, "_pool", None)
+    calls: dict[str, _Call] = {}
+
+    def build(config) -> None:
+        calls[config].started = time.monotonic()
+
+    monkeypatch.setattr(background, "_build_elsewhere", build)
+
+    def make(name: str) -> _Call:
+        calls[name] = _Call(name)
+        return calls[name]
+    return make
+
+
+def test_builds_wait_for_a_quiet_spell(pool, monkeypatch):
+    monkeypatch.setenv(background.DELAY_ENV, "0.4")
+    first, second = pool("a"), pool("b")
+    background.submit(first)
+    time.sleep(0.25)
+    submitted = time.monotonic()
+    background.submit(second)  # the quiet spell starts again
+    time.sleep(0.25)  # 0.5 s after the first request, 0.25 s after the last
+    assert first.started is None and second.started is None
+    assert background.pending() == 2
+    assert first.loaded.wait(10) and second.loaded.wait(10)
+    assert min(first.started, second.started) >= submitted + 0.4
+    deadline = time.monotonic() + 10
+    while background.pending():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def test_wait_starts_held_builds_at_once(pool, monkeypatch):
+    monkeypatch.setenv(background.DELAY_ENV, "30")
+    call = pool("c")
+    begin = time.monotonic()
+    assert background.wait([call], timeout=10)
+    assert call.kernel is not None and call.started - begin < 5
+
+
+def test_no_delay_starts_each_build_at_once(pool, monkeypatch):
+    monkeypatch.setenv(background.DELAY_ENV, "0")
+    call = pool("d")
+    begin = time.monotonic()
+    background.submit(call)
+    assert call.loaded.wait(10) and call.started - begin < 5
+
+
+@pytest.mark.parametrize("value", ["-1", "soon", "inf", "nan"])
+def test_an_invalid_delay_is_an_error(monkeypatch, value):
+    monkeypatch.setenv(background.DELAY_ENV, value)
+    with pytest.raises(ValueError, match="CONVGRAD_BUILD_DELAY"):
+        background.build_delay()
