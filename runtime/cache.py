@@ -132,15 +132,25 @@ def cache_key(config: KernelConfig, plan: Mapping[str, int] | None = None,
     """The key of the kernel's entry (`source_key` of its C), read from the index of
     `folder` (default the cache) where a process recorded it, else found by rendering
     the kernel and recorded there."""
-    index = _index_path(config, folder or cache_dir(), plan)
+    folder = folder or cache_dir()
+    recorded = recorded_key(config, folder, plan)
+    if recorded is not None:
+        return recorded
+    key = source_key(render(config, plan), config.isa)
+    _record_index(_index_path(config, folder, plan), key)
+    return key
+
+
+def recorded_key(config: KernelConfig, folder: Path,
+                 plan: Mapping[str, int] | None = None) -> str | None:
+    """The kernel's key as the index of `folder` records it, or None (not rendered yet
+    with this generator version, or a damaged record)."""
     with suppress(OSError, ValueError):
-        recorded = index.read_text()
+        recorded = _index_path(config, folder, plan).read_text()
         if len(recorded) == 64:
             int(recorded, 16)
             return recorded
-    key = source_key(render(config, plan), config.isa)
-    _record_index(index, key)
-    return key
+    return None
 
 
 def clear_index(folder: Path) -> None:
@@ -253,10 +263,17 @@ def build_jobs() -> int:
     return min(2, int(value))
 
 
-def find(config: KernelConfig, plan: Mapping[str, int] | None = None) -> Path | None:
+def find(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
+         indexed_only: bool = False) -> Path | None:
     """The kernel's valid cached library, without building one (None if there is none),
-    marked as used."""
-    return _cached(config, cache_dir(), plan)
+    marked as used. With `indexed_only`, a kernel whose key the index does not record
+    is reported missing without rendering it (~12 ms a kernel, which a model's first
+    step would wait for in its lookups on a new cache); a build renders it and finds
+    an entry the index had lost."""
+    folder = cache_dir()
+    if indexed_only and recorded_key(config, folder, plan) is None:
+        return None
+    return _cached(config, folder, plan)
 
 
 def _cached(config: KernelConfig, folder: Path,

@@ -206,7 +206,8 @@ def get_kernel(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
     runs is taken before compiling. `plan` None takes the AOT kernel whatever its plan
     (a tuned build's), else the planner's rules for this CPU (vendor_plan); a given plan
     ({} for the rules on any CPU) takes exactly that one. With `build=False`, None where
-    the kernel would have to be compiled first."""
+    the kernel would have to be compiled first, or where the cache's index does not
+    record it (a build then renders it and finds it: see cache.find)."""
     key = (config, None if plan is None else _plan_key(tuple(sorted(plan.items()))))
     kernel = _loaded.get(key)
     if kernel is not None:
@@ -233,7 +234,7 @@ def _load(config: KernelConfig, plan: dict | None, build: bool = True) -> Kernel
     if plan is None:
         plan = vendor_plan(config, cpu_vendor(), cpu_features())
     if not build:
-        path = cache.find(config, plan)
+        path = cache.find(config, plan, indexed_only=True)
         return None if path is None else Kernel(
             config, *_bind(kernel_name(config, plan), path), "cache", path, plan)
     try:

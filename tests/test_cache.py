@@ -358,25 +358,34 @@ def test_the_cache_key_follows_the_rendered_c_not_the_generator_sources(tmp_path
 def test_an_entry_is_found_through_the_index_or_by_rendering(fresh_cache, monkeypatch):
     """The index leads from a configuration to its entry without rendering; without the
     index the kernel is rendered, its entry found under the same key (no compile), and
-    the index written again."""
+    the index written again. A lookup `indexed_only` (a model's first step on a new
+    cache) never renders: a kernel the index does not record is missing."""
     from convgrad.codegen import KernelConfig
 
     config = KernelConfig(family="bwd_data", kernel=(3,), strides=(2,),
                           dilations=(1,), groups=1, cin_per_group=5, cout_per_group=7,
                           data_format="NXC", weights_format="XIO", dtype="f32",
                           isa=convgrad.cpu.available_isas()[0])
-    built, compiled = cache.build(config)
-    assert compiled
-    index = list((fresh_cache / "index").iterdir())
-    assert len(index) == 1 and built.name.split("-")[-2] == index[0].read_text()[:16]
 
     def no_render(*args, **kwargs):
         raise AssertionError("rendered although the index holds the key")
 
     with monkeypatch.context() as patched:
         patched.setattr(cache, "render", no_render)
+        assert cache.find(config, indexed_only=True) is None
+    built, compiled = cache.build(config)
+    assert compiled
+    index = list((fresh_cache / "index").iterdir())
+    assert len(index) == 1 and built.name.split("-")[-2] == index[0].read_text()[:16]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cache, "render", no_render)
         assert cache.find(config) == built
+        assert cache.find(config, indexed_only=True) == built
     index[0].unlink()
+    with monkeypatch.context() as patched:
+        patched.setattr(cache, "render", no_render)
+        assert cache.find(config, indexed_only=True) is None  # the entry stays unseen
     assert cache.build(config) == (built, False)
     assert index[0].read_text() == cache.source_key(convgrad.codegen.render(config), config.isa)
 

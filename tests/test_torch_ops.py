@@ -181,6 +181,7 @@ def test_the_stand_in_computes_every_op_exactly(channels_last, dtype, pads):
         out = call.stand_in(a, b)
         expected = reference(*(t.float() for t in args[:2]), *args[2:]).to(dtype)
         assert out.shape == expected.shape and out.stride() == call.strides, name
+        assert out.dtype == dtype, name
         assert torch.equal(out, expected), name
 
 

@@ -1,7 +1,8 @@
 """PyTorch's own convolutions standing in for a kernel that is still being compiled.
 
-`compute(spec, out, a, b, ...)` writes into `out` (allocated as the kernel's result
-would be) what the op computes, with torch's operators: the forward convolution for
+`compute(spec, shape, strides, a, b, ...)` returns what the op computes, with the shape,
+strides and dtype of the kernel's result (torch's own result where it has them,
+else a copy), with torch's operators: the forward convolution for
 ConvTransposeBackwardData, a transposed convolution cropped or zero-extended to the
 result for the data gradients, and `aten.convolution_backward`'s weight gradient for
 the weight gradients (the ConvTranspose one with its data tensors' roles swapped).
@@ -29,14 +30,15 @@ def _pads(begin: Sequence[int], end: Sequence[int]) -> list[int]:
     return pads
 
 
-def _weight_gradient(x: torch.Tensor, dy: torch.Tensor, shape, strides, pads_begin,
-                     pads_end, dilations, groups) -> torch.Tensor:
-    """The weight gradient (O, I/g, k...) of a convolution of `x` giving `dy`."""
+def _weight_gradient(x: torch.Tensor, dy: torch.Tensor, like: torch.Tensor, strides,
+                     pads_begin, pads_end, dilations, groups) -> torch.Tensor:
+    """The weight gradient (O, I/g, k...) of a convolution of `x` giving `dy`, in the
+    memory format of `like` (a weight of its shape, only its shape and strides read)."""
     rank = x.dim() - 2
     padding = list(pads_begin)
     if list(pads_begin) != list(pads_end):
         x, padding = F.pad(x, _pads(pads_begin, pads_end)), [0] * rank
-    weight = torch.empty(shape, dtype=x.dtype)
+    weight = like
     return torch.ops.aten.convolution_backward(
         dy, x, weight, None, list(strides), padding, list(dilations), False, [0] * rank,
         groups, [False, True, False])[1]
@@ -51,15 +53,20 @@ def _forward_gives(size: Sequence[int], result: Sequence[int], weight: torch.Ten
         size, result, kernel, strides, pads, dilations, strict=True))
 
 
-def compute(spec: OpSpec, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, shape,
-            strides, pads_begin, pads_end, dilations, groups, output_padding=None) -> None:
-    """`out` = the op `spec` of (a, b) by torch's operators (see the module's text).
-    Symmetric pads go to the operators as their padding; only asymmetric ones are
-    copies (F.pad)."""
-    del shape, output_padding  # the result's shape (out) says all they say
+def compute(spec: OpSpec, out_shape: Sequence[int], out_strides: Sequence[int],
+            a: torch.Tensor, b: torch.Tensor, shape, strides, pads_begin, pads_end,
+            dilations, groups, output_padding=None) -> torch.Tensor:
+    """The op `spec` of (a, b) by torch's operators (see the module's text), with shape
+    `out_shape`, strides `out_strides` and a's dtype. Symmetric pads go to the
+    operators as their padding; only asymmetric ones are copies (F.pad)."""
+    del shape, output_padding  # the result's shape says all they say
+    dtype = a.dtype
     a, b = a.detach().float(), b.detach().float()
     rank = a.dim() - 2
     symmetric = list(pads_begin) == list(pads_end)
+    # the result's layout in float32, which torch's gradients follow (only read for it)
+    like = torch.empty_strided(out_shape, out_strides, dtype=torch.float32) \
+        if spec.family != "fwd" else None
     if spec.family == "fwd":  # a: the convolution's input, b: its (O, I/g, k...) weight
         padding = list(pads_begin)
         if not symmetric:
@@ -67,10 +74,9 @@ def compute(spec: OpSpec, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s
         result = torch.ops.aten.convolution(a, b, None, list(strides), padding,
                                             list(dilations), False, [0] * rank, groups)
     elif spec.family == "bwd_data" and symmetric and _forward_gives(
-            out.shape[2:], a.shape[2:], b, strides, pads_begin, dilations):
+            out_shape[2:], a.shape[2:], b, strides, pads_begin, dilations):
         # a: diff_dst, b: the weight; the result is the input gradient of the convolution
         # that gives diff_dst from an input of its shape (only the shape is read)
-        like = out if out.dtype == torch.float32 else torch.empty_like(out, dtype=torch.float32)
         result = torch.ops.aten.convolution_backward(
             a, like, b, None, list(strides), list(pads_begin), list(dilations), False,
             [0] * rank, groups, [True, False, False])[0]
@@ -80,12 +86,16 @@ def compute(spec: OpSpec, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s
         # the result's position i is the full transposed convolution's i + pads_begin
         result = F.pad(full, _pads([-p for p in pads_begin],
                                    [y - f + p for y, f, p in zip(
-                                       out.shape[2:], full.shape[2:], pads_begin,
+                                       out_shape[2:], full.shape[2:], pads_begin,
                                        strict=True)]))
     elif spec.transpose:  # ConvTransposeBackwardWeights: a src (N, IC, X), b diff_dst
-        result = _weight_gradient(b, a, tuple(out.shape), strides, pads_begin, pads_end,
-                                  dilations, groups)
+        result = _weight_gradient(b, a, like, strides, pads_begin, pads_end, dilations,
+                                  groups)
     else:  # a src, b diff_dst
-        result = _weight_gradient(a, b, tuple(out.shape), strides, pads_begin, pads_end,
-                                  dilations, groups)
-    out.copy_(result)
+        result = _weight_gradient(a, b, like, strides, pads_begin, pads_end, dilations,
+                                  groups)
+    if result.dtype == dtype and tuple(result.stride()) == tuple(out_strides):
+        return result
+    out = torch.empty_strided(out_shape, out_strides, dtype=dtype)
+    out.copy_(result)  # into the kernel's layout (and rounded once, for low precision)
+    return out
