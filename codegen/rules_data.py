@@ -190,19 +190,20 @@ def weight_packing(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -
     """How direct.c.j2 repacks the user's weights (pack_weights_<this>.h.j2), by the axis
     contiguous in the user's layout: "v_rows" (vector channels: a vector at a time),
     "r_rows" (reduced channels: VL x VL blocks transposed in registers), "tap_rows"
-    (taps: VL x TAPS blocks transposed), "v_pairs" (bf16 pairs of vector-contiguous
-    rows: two rows interleaved a vector at a time) or "values" (other bf16 pairs the
-    user's layout does not hold together: one value at a time). Transposing in registers
+    (taps: VL x TAPS blocks transposed), "v_pairs" and "tap_pairs" (bf16 pairs of rows
+    contiguous in vector channels or taps: two rows interleaved, then as v_rows or
+    tap_rows) or "values" (other bf16 pairs the user's layout does not hold together: one
+    value at a time). Transposing in registers
     ran about 4x faster than value by value (3x3 512 x 512 of backward data, Zen 4: 3.3 ->
     ~0.9 ms); value by value, 1x1 1024 -> 2048 OIX took 1 ms longer than XIO on Sapphire
     Rapids, and bf16 OXI 3x3 512 x 512 on 4x4 pixels ran at 0.40x of torch, v_pairs at
-    1.13x (Zen 4, 1 thread)."""
+    1.13x (Zen 4, 1 thread; OIX by value 0.55x)."""
     vector, reduced = ("I", "O") if config.family == "bwd_data" else ("O", "I")
     inner = {"XIO": "O", "OXI": "I",
              "OIX": "X" if prod(config.kernel) > 1 else "I"}[config.weights_format]
     if uses_bf16_dot(config, plan):  # pairs of reduced channels as 32-bit words
-        if inner == vector:  # two rows interleaved a vector at a time
-            return "v_pairs"
+        if inner in (vector, "X"):  # two rows interleaved (and transposed, for taps)
+            return "v_pairs" if inner == vector else "tap_pairs"
         pairs = inner == reduced and _reduced_channels(config) % 2 == 0
         return "r_rows" if pairs else "values"
     return {vector: "v_rows", reduced: "r_rows", "X": "tap_rows"}[inner]

@@ -21,13 +21,13 @@ def expected_packing(op: str, weights_format: str, taps: int, bf16_pairs: bool,
     element. Both ops vectorise the channels of their result, which the user's format
     calls I (diff_src's channels; the ConvTranspose's own input channels), and reduce
     over O: "I" is read a vector at a time, "O" (or bf16 pairs of O channels, when their
-    count is even) and "X" in blocks transposed in registers; bf16 pairs of "I" rows
-    interleaved a vector at a time, other bf16 pairs a value at a time."""
+    count is even) and "X" in blocks transposed in registers; bf16 pairs of "I" or "X"
+    rows interleaved (then as for f32), other bf16 pairs a value at a time."""
     letters = weights_format if taps > 1 else weights_format.replace("X", "")
     inner = letters[-1]
     if bf16_pairs:
-        if inner == "I":
-            return "v_pairs"
+        if inner in "IX":
+            return {"I": "v_pairs", "X": "tap_pairs"}[inner]
         return "r_rows" if inner == "O" and reduced % 2 == 0 else "values"
     return {"I": "v_rows", "O": "r_rows", "X": "tap_rows"}[inner]
 
@@ -70,10 +70,11 @@ def test_every_weight_packing_is_exact(isa, op, weights_format, kernel):
 
 
 def test_every_packing_is_reached():
-    """The cases above reach each of the five packings on avx512bf16."""
+    """The cases above reach each of the six packings on avx512bf16."""
     seen = set()
     for op, fmt, kernel in CASES:
         taps = kernel[0] * kernel[1]
         seen.add(expected_packing(op, fmt, taps, False, 70))
         seen.add(expected_packing(op, fmt, taps, True, 70 if taps > 1 else 37))
-    assert seen == {"v_rows", "r_rows", "tap_rows", "v_pairs", "values"}
+    assert seen == {"v_rows", "r_rows", "tap_rows", "v_pairs", "tap_pairs",
+                    "values"}
