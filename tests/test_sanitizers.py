@@ -191,6 +191,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     for op in ("ConvolutionBackwardWeights", "ConvolutionBackwardData"):  # OIX transposes
         run_case(make_case(op, spatial=(6, 7), kernel=(3, 3), in_channels=37, out_channels=70,
                            batch=2, weights_format="OIX"), num_threads=2)
+    import convgrad  # bf16 pairs of OXI rows and of OIX taps, an odd last pair
+    if convgrad.cpu.available_isas()[0] == "avx512bf16":
+        for fmt in ("OXI", "OIX"):
+            run_with_plan(make_case("ConvolutionBackwardData", spatial=(6, 7), kernel=(3, 3),
+                                    in_channels=37, out_channels=69, batch=2, dtype="bf16",
+                                    weights_format=fmt), {{"amx": 0}}, "avx512bf16", 2,
+                          optional=("amx",), variant=Variant.DIRECT)
     run_case(make_case("ConvolutionBackwardWeights", spatial=(40, 33), kernel=(1, 1),  # swapped
                        in_channels=20, out_channels=37, batch=2, data_format="NCX",
                        weights_format="OIX"), num_threads=2)
