@@ -1,7 +1,7 @@
 """convgrad.background holds build requests until none came for CONVGRAD_BUILD_DELAY
 seconds (a model's first pass is over), so the pass's steps keep the cores; wait()
-(compile_kernels) starts them at once. The builds here are stubs that note when they
-started: no compiler runs."""
+(compile_kernels) starts them at once; builds with others waiting compile each kernel
+whole. The builds here are stubs that note when they started: no compiler runs."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def pool(monkeypatch):
     monkeypatch.setattr(background, "_pool", None)
     calls: dict[str, _Call] = {}
 
-    def build(config) -> None:
+    def build(config, busy: bool = False) -> None:
         calls[config].started = time.monotonic()
 
     monkeypatch.setattr(background, "_build_elsewhere", build)
@@ -86,3 +86,43 @@ def test_an_invalid_delay_is_an_error(monkeypatch, value):
     monkeypatch.setenv(background.DELAY_ENV, value)
     with pytest.raises(ValueError, match="CONVGRAD_BUILD_DELAY"):
         background.build_delay()
+
+
+class _Worker:
+    """A build worker process that answers ok and keeps the requests."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.stdin = self
+        self.stdout = self
+
+    def write(self, line: str) -> None:
+        import json
+        self.requests.append(json.loads(line))
+
+    def flush(self) -> None:
+        pass
+
+    def readline(self) -> str:
+        return '{"ok": true}\n'
+
+
+@pytest.mark.parametrize("asked", [None, "2"])
+def test_busy_builds_compile_kernels_whole(monkeypatch, asked):
+    """Two parts at once (CONVGRAD_BUILD_JOBS=2, the default on 2 cores) cost CPU time
+    that builds filling the cores pay: those go as one compilation, unless asked."""
+    worker = _Worker()
+    monkeypatch.setattr(background, "_worker", lambda: worker)
+    if asked is None:
+        monkeypatch.delenv("CONVGRAD_BUILD_JOBS", raising=False)
+    else:
+        monkeypatch.setenv("CONVGRAD_BUILD_JOBS", asked)
+
+    class Config:
+        def to_dict(self):
+            return {"name": "k"}
+
+    background._build_elsewhere(Config(), busy=False)
+    background._build_elsewhere(Config(), busy=True)
+    jobs = [request["settings"]["CONVGRAD_BUILD_JOBS"] for request in worker.requests]
+    assert jobs == ([None, "1"] if asked is None else ["2", "2"])
