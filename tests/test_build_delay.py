@@ -48,17 +48,17 @@ def pool(monkeypatch):
 
 
 def test_builds_wait_for_a_quiet_spell(pool, monkeypatch):
-    monkeypatch.setenv(background.DELAY_ENV, "0.4")
+    monkeypatch.setenv(background.DELAY_ENV, "2")
     first, second = pool("a"), pool("b")
     background.submit(first)
-    time.sleep(0.25)
+    time.sleep(1.5)
     submitted = time.monotonic()
     background.submit(second)  # the quiet spell starts again
-    time.sleep(0.25)  # 0.5 s after the first request, 0.25 s after the last
+    time.sleep(1.0)  # 2.5 s after the first request, 1 s after the last
     assert first.started is None and second.started is None
     assert background.pending() == 2
-    assert first.loaded.wait(10) and second.loaded.wait(10)
-    assert min(first.started, second.started) >= submitted + 0.4
+    assert first.loaded.wait(20) and second.loaded.wait(20)
+    assert min(first.started, second.started) >= submitted + 2
     deadline = time.monotonic() + 10
     while background.pending():
         assert time.monotonic() < deadline
