@@ -193,11 +193,11 @@ def weight_packing(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -
     (taps: VL x TAPS blocks transposed), "v_pairs" and "tap_pairs" (bf16 pairs of rows
     contiguous in vector channels or taps: two rows interleaved, then as v_rows or
     tap_rows) or "values" (other bf16 pairs the user's layout does not hold together: one
-    value at a time). Transposing in registers
-    ran about 4x faster than value by value (3x3 512 x 512 of backward data, Zen 4: 3.3 ->
-    ~0.9 ms); value by value, 1x1 1024 -> 2048 OIX took 1 ms longer than XIO on Sapphire
-    Rapids, and bf16 OXI 3x3 512 x 512 on 4x4 pixels ran at 0.40x of torch, v_pairs at
-    1.13x (Zen 4, 1 thread; OIX by value 0.55x)."""
+    value at a time). Transposing in registers ran about 4x faster than value by value
+    (3x3 512 x 512 of backward data, Zen 4: 3.3 -> ~0.9 ms); value by value, 1x1 1024 ->
+    2048 OIX took 1 ms longer than XIO on Sapphire Rapids, and bf16 OXI 3x3 512 x 512 on
+    4x4 pixels ran at 0.40x of torch, v_pairs at 1.13x (Zen 4, 1 thread; OIX by value
+    0.55x, tap_pairs 1.09x)."""
     vector, reduced = ("I", "O") if config.family == "bwd_data" else ("O", "I")
     inner = {"XIO": "O", "OXI": "I",
              "OIX": "X" if prod(config.kernel) > 1 else "I"}[config.weights_format]

@@ -73,10 +73,15 @@ def workers() -> int:
 # cores from that pass (on 2 cores, a step's two OpenMP threads wait for each other
 # behind a compiler: on Sapphire Rapids ResNet-18's first step took 3.2 s, its warm
 # torch.nn step 0.14 s). Requests are held until none came for CONVGRAD_BUILD_DELAY
-# seconds (the pass is over: the next one asks for nothing new), then all start
-# together; wait() (compile_kernels) starts them at once. 0 starts each at once.
+# seconds (the pass is over: the next one asks for nothing new; a request for a kernel
+# already asked for, by a call of another shape, does not count), then all start
+# together, at most MAX_HOLD seconds after the first; wait() (compile_kernels) starts
+# them at once. 0 starts each at once.
 DELAY_ENV = "CONVGRAD_BUILD_DELAY"
 DEFAULT_DELAY = 0.5
+# Held requests start at most this many seconds after the first of them, whatever comes
+# after (a program whose inputs change shape asks for new kernels on and on).
+MAX_HOLD = 10.0
 
 
 def build_delay() -> float:
@@ -102,7 +107,9 @@ class _Pool:
         self.pending: set = set()
         self.threads: list[threading.Thread] = []
         self.held: list = []  # requests waiting for a quiet spell
-        self.quiet_at = 0.0  # monotonic time at which the held requests start
+        self.held_since = 0.0  # monotonic time of the first of them
+        self.quiet_at = 0.0  # monotonic time at which they start
+        self.seen: set = set()  # kernel configurations asked for
         self.timer: threading.Thread | None = None
 
     def submit(self, call) -> None:
@@ -111,29 +118,45 @@ class _Pool:
             if call in self.pending:
                 return
             self.pending.add(call)
-            if delay > 0:
-                self.held.append(call)
-                self.quiet_at = time.monotonic() + delay
-                if self.timer is None:
-                    self.timer = threading.Thread(target=self._start_when_quiet,
-                                                  name="convgrad-build-delay", daemon=True)
-                    self.timer.start()
+            if delay <= 0:
+                self._start(call)
                 return
-            self._start(call)
+            now = time.monotonic()
+            if not self.held:
+                self.held_since = now
+            self.held.append(call)
+            if call.config not in self.seen:  # a new kernel: the pass goes on
+                self.seen.add(call.config)
+                self.quiet_at = min(now + delay, self.held_since + MAX_HOLD)
+            if self.timer is None:
+                self.timer = threading.Thread(target=self._start_when_quiet,
+                                              name="convgrad-build-delay", daemon=True)
+                try:
+                    self.timer.start()
+                except RuntimeError:  # no thread now (exit, a limit): start them at once
+                    self.timer = None
+                    self._start_held()
 
     def release(self) -> None:
         """Starts the held requests now."""
         with self.lock:
-            self.quiet_at = 0.0
-            self.quiet.notify_all()
+            self._start_held()
+
+    def _start_held(self) -> None:
+        """Queues every held request (the lock held)."""
+        held, self.held = self.held, []
+        for call in held:
+            self._start(call)
+        self.quiet.notify_all()
 
     def _start_when_quiet(self) -> None:
         with self.lock:
-            while (left := self.quiet_at - time.monotonic()) > 0:
-                self.quiet.wait(left)
-            held, self.held, self.timer = self.held, [], None
-            for call in held:
-                self._start(call)
+            try:
+                while self.held and (left := self.quiet_at - time.monotonic()) > 0:
+                    self.quiet.wait(left)
+                self._start_held()
+            finally:
+                self.timer = None
 
     def _start(self, call) -> None:
         """Queues `call` for the build threads (the lock held)."""
@@ -189,11 +212,12 @@ def _worker() -> subprocess.Popen:
 
 def _build_elsewhere(config, busy: bool = False) -> None:
     """Builds `config`'s kernel into the disk cache in this thread's worker process;
-    `busy` (other builds are waiting): as one compilation, unless CONVGRAD_BUILD_JOBS
-    says otherwise. Two parts at once make one kernel sooner, but cost ~20% more CPU
-    time, which builds that already fill the cores pay: compile_kernels of ResNet-50
-    (68 kernels, Zen 4, 2 cores) took 22.4-28.3 s in two parts a kernel, 17.5-22.0 s
-    whole."""
+    `busy` (other requests are pending, building or queued): as one compilation, unless
+    CONVGRAD_BUILD_JOBS says otherwise. Two parts at once make one kernel sooner, but
+    cost ~20% more CPU time, which builds that already fill the cores pay:
+    compile_kernels of ResNet-50 (68 kernels, Zen 4, 2 cores) took 22.4-28.3 s in two
+    parts a kernel, 17.5-22.0 s with CONVGRAD_BUILD_JOBS=1 and 20.5-20.8 s by this rule
+    (a noisy shared VM; the first build of a pool has no other pending)."""
     process = _worker()
     settings = {name: os.environ.get(name) for name in _SETTINGS}
     if busy and not (settings["CONVGRAD_BUILD_JOBS"] or "").strip():
@@ -262,8 +286,9 @@ def wait(calls: Iterable, progress: bool = False, timeout: float | None = None) 
     for call in calls:
         if call.kernel is None and not call.failed:
             submit(call)
-    if _pool is not None:
-        _pool.release()  # asked for: no quiet spell to wait for
+    pool = _pool
+    if pool is not None:
+        pool.release()  # asked for: no quiet spell to wait for
     deadline = None if timeout is None else time.monotonic() + timeout
 
     def left() -> int:

@@ -119,12 +119,19 @@ def _generator_tag() -> str:
     return hashlib.sha256(generator_version().encode()).hexdigest()[:16]
 
 
+@cache
+def _flags_tag(isa: str, flags: tuple[str, ...]) -> str:
+    return hashlib.sha256(_key_material(isa, flags).encode()).hexdigest()[:8]
+
+
 def _index_path(config: KernelConfig, folder: Path, plan: Mapping[str, int] | None) -> Path:
     """The index record that leads from a configuration and plan to its entry without
-    rendering: named by the kernel (its name is unique for the configuration and plan)
-    and the generator version (a name, not a hash of the configuration: this runs once
-    per kernel in a process's first step)."""
-    return folder / "index" / f"{kernel_name(config, plan)}-{_generator_tag()}"
+    rendering: named by the kernel (its name is unique for the configuration and plan),
+    the generator version and the compile flags (a key depends on them: a sanitized or
+    CONVGRAD_CFLAGS build has entries of its own). Names, not a hash of the
+    configuration: this runs once per kernel in a process's first step."""
+    tag = _flags_tag(config.isa, compile_flags(config.isa))
+    return folder / "index" / f"{kernel_name(config, plan)}-{_generator_tag()}-{tag}"
 
 
 def cache_key(config: KernelConfig, plan: Mapping[str, int] | None = None,
@@ -154,7 +161,8 @@ def recorded_key(config: KernelConfig, folder: Path,
 
 
 def clear_index(folder: Path) -> None:
-    """Removes the index (`convgrad cache clear`); lookups render again to rebuild it."""
+    """Removes the index (`convgrad cache clear`); lookups that may build render again
+    to rebuild it (`find(indexed_only=True)` reports its kernels missing until then)."""
     shutil.rmtree(folder / "index", ignore_errors=True)
 
 

@@ -20,8 +20,8 @@ class _Call:
     kernel = None
     failed = False
 
-    def __init__(self, name: str) -> None:
-        self.config = name
+    def __init__(self, name: str, config: str | None = None) -> None:
+        self.config = config or name
         self.started: float | None = None
         self.loaded = threading.Event()
 
@@ -37,12 +37,14 @@ def pool(monkeypatch):
     calls: dict[str, _Call] = {}
 
     def build(config, busy: bool = False) -> None:
-        calls[config].started = time.monotonic()
+        for call in calls.values():
+            if call.config == config and call.started is None:
+                call.started = time.monotonic()
 
     monkeypatch.setattr(background, "_build_elsewhere", build)
 
-    def make(name: str) -> _Call:
-        calls[name] = _Call(name)
+    def make(name: str, config: str | None = None) -> _Call:
+        calls[name] = _Call(name, config)
         return calls[name]
     return make
 
@@ -63,6 +65,31 @@ def test_builds_wait_for_a_quiet_spell(pool, monkeypatch):
     while background.pending():
         assert time.monotonic() < deadline
         time.sleep(0.01)
+
+
+def test_a_kernel_asked_for_again_does_not_hold_builds_longer(pool, monkeypatch):
+    """A call of another shape asks again for a kernel already asked for: that is not
+    a new kernel of the pass, so the start stays where the first request put it."""
+    monkeypatch.setenv(background.DELAY_ENV, "2")
+    first, again = pool("a", config="k"), pool("b", config="k")
+    background.submit(first)
+    begin = time.monotonic()
+    time.sleep(1.0)
+    background.submit(again)
+    assert first.loaded.wait(20) and again.loaded.wait(20)
+    assert first.started - begin < 2.9  # not 2 s after the second request
+
+
+def test_new_requests_hold_builds_at_most_max_hold(pool, monkeypatch):
+    monkeypatch.setenv(background.DELAY_ENV, "1")
+    monkeypatch.setattr(background, "MAX_HOLD", 1.5)
+    calls = [pool(f"c{i}") for i in range(12)]
+    begin = time.monotonic()
+    for call in calls:  # a new kernel every 0.25 s for 3 s: never a quiet second
+        background.submit(call)
+        time.sleep(0.25)
+    assert calls[0].loaded.wait(20)
+    assert calls[0].started - begin < 2.9
 
 
 def test_wait_starts_held_builds_at_once(pool, monkeypatch):

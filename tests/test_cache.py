@@ -382,6 +382,9 @@ def test_an_entry_is_found_through_the_index_or_by_rendering(fresh_cache, monkey
         patched.setattr(cache, "render", no_render)
         assert cache.find(config) == built
         assert cache.find(config, indexed_only=True) == built
+        patched.setenv("CONVGRAD_CFLAGS", "-O1")  # other flags, other entries
+        assert cache.recorded_key(config, fresh_cache) is None
+        assert cache.find(config, indexed_only=True) is None
     index[0].unlink()
     with monkeypatch.context() as patched:
         patched.setattr(cache, "render", no_render)

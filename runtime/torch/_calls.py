@@ -208,10 +208,10 @@ class _Call:
             return True
         if bound.load(build=False) is not None:
             return True
+        background.submit(bound)  # first: a bad setting raises here, on every call
         self.requested = True
         if _collector is not None:
             _collector.append(self)
-        background.submit(bound)
         return False
 
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

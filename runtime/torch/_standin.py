@@ -1,7 +1,7 @@
 """PyTorch's own convolutions standing in for a kernel that is still being compiled.
 
-`compute(spec, shape, strides, a, b, ...)` returns what the op computes, with the shape,
-strides and dtype of the kernel's result (torch's own result where it has them,
+`compute(spec, out_shape, out_strides, a, b, ...)` returns what the op computes, with
+the shape, strides and dtype of the kernel's result (torch's own result where it has them,
 else a copy), with torch's operators: the forward convolution for
 ConvTransposeBackwardData, a transposed convolution cropped or zero-extended to the
 result for the data gradients, and `aten.convolution_backward`'s weight gradient for
@@ -94,7 +94,8 @@ def compute(spec: OpSpec, out_shape: Sequence[int], out_strides: Sequence[int],
     else:  # a src, b diff_dst
         result = _weight_gradient(a, b, like, strides, pads_begin, pads_end, dilations,
                                   groups)
-    if result.dtype == dtype and tuple(result.stride()) == tuple(out_strides):
+    if (result.dtype == dtype and tuple(result.shape) == tuple(out_shape)
+            and tuple(result.stride()) == tuple(out_strides)):
         return result
     out = torch.empty_strided(out_shape, out_strides, dtype=dtype)
     out.copy_(result)  # into the kernel's layout (and rounded once, for low precision)
