@@ -302,7 +302,6 @@ def wait(calls: Iterable, progress: bool = False, timeout: float | None = None) 
         bar.start()
         task = bar.add_task("convgrad: compiling kernels", total=len(calls))
     try:
-        pool = _pool
         while (remaining := left()) and pool is not None:
             if bar is not None:
                 bar.update(task, completed=len(calls) - remaining)

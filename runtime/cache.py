@@ -205,17 +205,19 @@ def _entry_stem(config: KernelConfig, folder: Path, plan: Mapping[str, int] | No
 
 
 def library_path(config: KernelConfig, folder: Path | None = None,
-                 plan: Mapping[str, int] | None = None) -> Path:
-    """This compiler's entry for `config` (CompilerNotFoundError without a compiler)."""
+                 plan: Mapping[str, int] | None = None, key: str | None = None) -> Path:
+    """This compiler's entry for `config` (CompilerNotFoundError without a compiler;
+    `key`: its cache key where known, else looked up)."""
     folder = folder or cache_dir()
-    return folder / f"{_entry_stem(config, folder, plan)}-{compiler_tag()}.so"
+    return folder / f"{_entry_stem(config, folder, plan, key)}-{compiler_tag()}.so"
 
 
 def cached_libraries(config: KernelConfig, folder: Path | None = None,
-                     plan: Mapping[str, int] | None = None) -> list[Path]:
+                     plan: Mapping[str, int] | None = None,
+                     key: str | None = None) -> list[Path]:
     """The valid entries of `config` built by any compiler, in name order."""
     folder = folder or cache_dir()
-    found = folder.glob(f"{_entry_stem(config, folder, plan)}-*.so")
+    found = folder.glob(f"{_entry_stem(config, folder, plan, key)}-*.so")
     return sorted(p for p in found if is_valid(p))
 
 
@@ -279,20 +281,22 @@ def find(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
     step would wait for in its lookups on a new cache); a build renders it and finds
     an entry the index had lost."""
     folder = cache_dir()
-    if indexed_only and recorded_key(config, folder, plan) is None:
+    key = recorded_key(config, folder, plan) if indexed_only else None
+    if indexed_only and key is None:
         return None
-    return _cached(config, folder, plan)
+    return _cached(config, folder, plan, key)
 
 
-def _cached(config: KernelConfig, folder: Path,
-            plan: Mapping[str, int] | None) -> Path | None:
+def _cached(config: KernelConfig, folder: Path, plan: Mapping[str, int] | None,
+            key: str | None = None) -> Path | None:
     """This compiler's valid entry of the kernel in `folder`, or with no compiler any
-    compiler's (the first by name), marked as used; None if there is none."""
+    compiler's (the first by name), marked as used; None if there is none (`key`: its
+    cache key where known, else looked up)."""
     name = kernel_name(config, plan)
     try:
-        target = library_path(config, folder, plan)
+        target = library_path(config, folder, plan, key)
     except CompilerNotFoundError:
-        found = cached_libraries(config, folder, plan)
+        found = cached_libraries(config, folder, plan, key)
         if not found:
             return None
         log.debug("%s: no compiler; using cached %s", name, found[0])

@@ -38,9 +38,8 @@ def _weight_gradient(x: torch.Tensor, dy: torch.Tensor, like: torch.Tensor, stri
     padding = list(pads_begin)
     if list(pads_begin) != list(pads_end):
         x, padding = F.pad(x, _pads(pads_begin, pads_end)), [0] * rank
-    weight = like
     return torch.ops.aten.convolution_backward(
-        dy, x, weight, None, list(strides), padding, list(dilations), False, [0] * rank,
+        dy, x, like, None, list(strides), padding, list(dilations), False, [0] * rank,
         groups, [False, True, False])[1]
 
 
@@ -64,9 +63,11 @@ def compute(spec: OpSpec, out_shape: Sequence[int], out_strides: Sequence[int],
     a, b = a.detach().float(), b.detach().float()
     rank = a.dim() - 2
     symmetric = list(pads_begin) == list(pads_end)
-    # the result's layout in float32, which torch's gradients follow (only read for it)
-    like = torch.empty_strided(out_shape, out_strides, dtype=torch.float32) \
-        if spec.family != "fwd" else None
+
+    def like() -> torch.Tensor:
+        """The result's layout in float32, which torch's gradients follow (only read)."""
+        return torch.empty_strided(out_shape, out_strides, dtype=torch.float32)
+
     if spec.family == "fwd":  # a: the convolution's input, b: its (O, I/g, k...) weight
         padding = list(pads_begin)
         if not symmetric:
@@ -78,7 +79,7 @@ def compute(spec: OpSpec, out_shape: Sequence[int], out_strides: Sequence[int],
         # a: diff_dst, b: the weight; the result is the input gradient of the convolution
         # that gives diff_dst from an input of its shape (only the shape is read)
         result = torch.ops.aten.convolution_backward(
-            a, like, b, None, list(strides), list(pads_begin), list(dilations), False,
+            a, like(), b, None, list(strides), list(pads_begin), list(dilations), False,
             [0] * rank, groups, [True, False, False])[0]
     elif spec.family == "bwd_data":  # a: diff_dst, b: the (O, I/g, k...) weight
         full = torch.ops.aten.convolution(a, b, None, list(strides), [0] * rank,
@@ -89,10 +90,10 @@ def compute(spec: OpSpec, out_shape: Sequence[int], out_strides: Sequence[int],
                                        out_shape[2:], full.shape[2:], pads_begin,
                                        strict=True)]))
     elif spec.transpose:  # ConvTransposeBackwardWeights: a src (N, IC, X), b diff_dst
-        result = _weight_gradient(b, a, like, strides, pads_begin, pads_end, dilations,
+        result = _weight_gradient(b, a, like(), strides, pads_begin, pads_end, dilations,
                                   groups)
     else:  # a src, b diff_dst
-        result = _weight_gradient(a, b, like, strides, pads_begin, pads_end, dilations,
+        result = _weight_gradient(a, b, like(), strides, pads_begin, pads_end, dilations,
                                   groups)
     if (result.dtype == dtype and tuple(result.shape) == tuple(out_shape)
             and tuple(result.stride()) == tuple(out_strides)):
