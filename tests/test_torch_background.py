@@ -188,3 +188,15 @@ def test_a_build_worker_whose_caller_is_gone_exits_quietly(tmp_path):
     _, errors = worker.communicate(json.dumps(request).encode() + b"\n", timeout=60)
     assert worker.returncode == 0 and errors == b"", errors.decode()
 
+
+
+def test_an_invalid_build_delay_is_an_error_on_every_call(background_mode, monkeypatch):
+    """A bad CONVGRAD_BUILD_DELAY raises where the kernel is asked for, each time: it
+    never leaves the call on the stand-in with its kernel never requested."""
+    monkeypatch.setenv(background.DELAY_ENV, "soon")
+    _, converted = _pair(cout=2)
+    x = _ints(1, 4, 5, 5, seed=6)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="CONVGRAD_BUILD_DELAY='soon' is invalid"):
+            converted(x)
+    assert background.pending() == 0
