@@ -15,6 +15,7 @@ pads are run-time arguments, so one kernel serves every batch and image size.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 
 from convgrad.codegen.rules_problem import narrowed_isa
 
@@ -119,4 +120,11 @@ class KernelConfig:
         """This configuration on ISA path `isa`, or on its base path where `isa` adds
         nothing for this dtype (base_isa), or on avx2 where avx512's vectors would be
         mostly empty (rules_problem.narrowed_isa)."""
-        return replace(self, isa=narrowed_isa(self.base_isa(isa), self.vector_channels))
+        return _with_isa(self, isa)
+
+
+@lru_cache(maxsize=4096)
+def _with_isa(config: KernelConfig, isa: str) -> KernelConfig:
+    """KernelConfig.with_isa, memoised (a kernel's look-up asks for several paths)."""
+    narrowed = narrowed_isa(config.base_isa(isa), config.vector_channels)
+    return config if narrowed == config.isa else replace(config, isa=narrowed)

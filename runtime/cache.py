@@ -64,6 +64,14 @@ def configured_dir() -> Path:
     explicit = os.environ.get("CONVGRAD_CACHE_DIR")
     if explicit:
         return Path(explicit)
+    return _platform_dir(os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+
+
+@cache
+def _platform_dir(xdg_cache_home: str | None, home: str | None) -> Path:
+    """platformdirs' cache folder, memoised by the variables it reads (every kernel's
+    look-up in a process's first step asks)."""
+    del xdg_cache_home, home  # the memo's key
     return Path(platformdirs.user_cache_dir("convgrad", appauthor=False))
 
 
@@ -92,6 +100,13 @@ def cache_dir() -> Path:
     if not os.access(configured, os.W_OK | os.X_OK):
         return _fallback_dir(configured, "read-only")
     return configured
+
+
+def lookup_dir() -> Path:
+    """The folder to look entries up in: `cache_dir` without creating or checking it (a
+    look-up only reads; a folder that does not exist holds no entry)."""
+    configured = configured_dir()
+    return _fallbacks.get(configured, configured)
 
 
 def max_bytes() -> int:
@@ -189,8 +204,12 @@ def _write_atomically(path: Path, text: str) -> None:
 def compiler_tag() -> str:
     """A short hash of the compiler command and identity (path and --version): the
     last part of an entry's name. Raises CompilerNotFoundError without a compiler."""
-    identity = json.dumps([compiler_command(), compiler_identity()])
-    return hashlib.sha256(identity.encode()).hexdigest()[:8]
+    return _compiler_tag(tuple(compiler_command()), compiler_identity())
+
+
+@cache
+def _compiler_tag(command: tuple[str, ...], identity: str) -> str:
+    return hashlib.sha256(json.dumps([list(command), identity]).encode()).hexdigest()[:8]
 
 
 def file_digest(path: Path) -> str:
@@ -280,7 +299,7 @@ def find(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
     is reported missing without rendering it (~12 ms a kernel, which a model's first
     step would wait for in its lookups on a new cache); a build renders it and finds
     an entry the index had lost."""
-    folder = cache_dir()
+    folder = lookup_dir()
     key = recorded_key(config, folder, plan) if indexed_only else None
     if indexed_only and key is None:
         return None

@@ -30,7 +30,12 @@ class CompileError(RuntimeError):
 
 def compiler_command() -> list[str]:
     """The C compiler to run: $CC (may carry arguments), default `cc`."""
-    return shlex.split(os.environ.get("CC", "").strip() or "cc")
+    return list(_split(os.environ.get("CC", "").strip() or "cc"))
+
+
+@cache
+def _split(command: str) -> tuple[str, ...]:
+    return tuple(shlex.split(command))
 
 
 # CONVGRAD_SANITIZE=1: kernels check every access (the process needs libasan preloaded).
@@ -45,12 +50,20 @@ def compile_flags(isa: str) -> tuple[str, ...]:
     """Every flag a kernel is compiled and linked with: the ISA path's, or with
     CONVGRAD_TARGET (convgrad aot --target) that target's flags for this compiler plus
     what the path needs on top; CONVGRAD_CFLAGS adds more."""
-    extra = tuple(shlex.split(os.environ.get("CONVGRAD_CFLAGS", "")))
-    sanitize = SANITIZE_FLAGS if os.environ.get("CONVGRAD_SANITIZE") == "1" else ()
     named = os.environ.get("CONVGRAD_TARGET", "").strip()
-    isa_flags = (target(named).flags(*compiler_kind(compiler_identity())) + ISA_EXTRA_FLAGS[isa]
+    return _compile_flags(isa, os.environ.get("CONVGRAD_CFLAGS", ""),
+                          os.environ.get("CONVGRAD_SANITIZE") == "1", named,
+                          compiler_identity() if named else "")
+
+
+@cache
+def _compile_flags(isa: str, cflags: str, sanitize: bool, named: str,
+                   identity: str) -> tuple[str, ...]:
+    """compile_flags, memoised by what it reads (every kernel's look-up asks)."""
+    isa_flags = (target(named).flags(*compiler_kind(identity)) + ISA_EXTRA_FLAGS[isa]
                  if named else ISA_FLAGS[isa])
-    return BASE_FLAGS + isa_flags + sanitize + extra + LINK_FLAGS
+    return (BASE_FLAGS + isa_flags + (SANITIZE_FLAGS if sanitize else ())
+            + tuple(shlex.split(cflags)) + LINK_FLAGS)
 
 
 @cache
