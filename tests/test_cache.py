@@ -63,6 +63,23 @@ def _child_env(folder: Path, spy: Path) -> dict:
             "CONVGRAD_AOT_PATH": ""}
 
 
+def test_the_cache_folder_follows_the_environment_within_a_process(tmp_path, monkeypatch):
+    """configured_dir is memoised by the variables it reads: a change of any of them
+    (CONVGRAD_CACHE_DIR, XDG_CACHE_HOME, HOME) moves the cache at the next look-up."""
+    monkeypatch.delenv("CONVGRAD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "one"))
+    assert cache.configured_dir() == tmp_path / "one" / "convgrad"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "two"))
+    assert cache.configured_dir() == tmp_path / "two" / "convgrad"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.configured_dir() == tmp_path / "home" / ".cache" / "convgrad"
+    monkeypatch.setenv("CONVGRAD_CACHE_DIR", str(tmp_path / "explicit"))
+    assert cache.configured_dir() == tmp_path / "explicit"
+    assert cache.lookup_dir() == tmp_path / "explicit"
+    assert not (tmp_path / "explicit").exists()  # a look-up creates nothing
+
+
 def test_eight_processes_one_compilation(tmp_path):
     spy = _spy(tmp_path, delay=0.5)
     script = CHILD.format(channels=4)
