@@ -80,6 +80,26 @@ def test_a_kernel_asked_for_again_does_not_hold_builds_longer(pool, monkeypatch)
     assert first.started - begin < 2.9  # not 2 s after the second request
 
 
+def test_a_later_pass_is_held_like_the_first(pool, monkeypatch):
+    """A second pass (another model in the process, a new cache) asks again for kernels
+    an earlier pass asked for: its first request is held for the delay, not started at
+    once, and its new kernels hold it on as the first pass's did."""
+    monkeypatch.setenv(background.DELAY_ENV, "1")
+    earlier = pool("a", config="k")
+    background.submit(earlier)
+    assert earlier.loaded.wait(20)
+    time.sleep(1.2)  # past the earlier hold's start time
+    again, new = pool("b", config="k"), pool("c", config="m")
+    begin = time.monotonic()
+    background.submit(again)
+    time.sleep(0.6)
+    background.submit(new)  # a new kernel of this pass: the hold goes on
+    time.sleep(0.6)  # 1.2 s after the first request, 0.6 s after the new one
+    assert again.started is None and new.started is None
+    assert again.loaded.wait(20) and new.loaded.wait(20)
+    assert min(again.started, new.started) >= begin + 1.6
+
+
 def test_new_requests_hold_builds_at_most_max_hold(pool, monkeypatch):
     monkeypatch.setenv(background.DELAY_ENV, "1")
     monkeypatch.setattr(background, "MAX_HOLD", 1.5)
