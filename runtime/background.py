@@ -82,7 +82,11 @@ def workers() -> int:
 # ResNet-18 and then ResNet-50 on a new cache started ResNet-50's builds within its first
 # step, which took 5.8 s instead of 0.7 s: Zen 4, 2 threads).
 DELAY_ENV = "CONVGRAD_BUILD_DELAY"
-DEFAULT_DELAY = 0.5
+# 1 s: the largest gap between requests for new kernels within a first step, on the
+# stand-ins, was 0.28 s (R3D-18; ResNet-50 0.06, MobileNetV2 0.01: Zen 4, 2 threads); with
+# 0.5 s a noisy machine's slower first step let the builds start within it now and then
+# (R3D-18's first step 2.45 s in one of three runs, 0.72-0.86 s in the others).
+DEFAULT_DELAY = 1.0
 # Held requests start at most this many seconds after the first of them, whatever comes
 # after (a program whose inputs change shape asks for new kernels on and on).
 MAX_HOLD = 10.0
