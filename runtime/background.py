@@ -131,8 +131,8 @@ class _Pool:
                 return
             now = time.monotonic()
             if not self.held:  # a new hold: a pass (of another model, another cache) begins
-                self.held_since, self.quiet_at = now, now + delay
-                self.seen.clear()
+                self.held_since = now
+                self.seen.clear()  # so its first request sets quiet_at below
             self.held.append(call)
             if call.config not in self.seen:  # a new kernel: the pass goes on
                 self.seen.add(call.config)
