@@ -7,14 +7,13 @@ Renders every kernel of the layers (default: the built-in ResNet-50 list, as
 `convgrad aot` reads it) and compiles each one, kernel after kernel, once per mode:
 `plain` parses the headers as text, `pch` loads the precompiled prelude of a private
 cache folder (built first), both compiling the kernel's C whole, as `convgrad aot`
-does; `parts` also compiles a weight kernel from row segments as two objects at once
-(a lazy build with CONVGRAD_BUILD_JOBS=2, the default on two cores or more). `cache`
-is a lazy build on one core (CONVGRAD_BUILD_JOBS=1), rendering included, in a new
-cache folder of its own with its precompiled prelude: a data kernel compiles its own C
-and the tile objects (tile_objects.py) no kernel before it compiled, so those it
-shares cost only the first kernel that uses them. Prints the median, least and most
-seconds per kernel family; run it on an otherwise idle machine. A kernel's first call
-adds loading and one run.
+does; `parts` also compiles a kernel of two parts (data kernels, weight kernels from
+row segments) as two objects at once (a lazy build with CONVGRAD_BUILD_JOBS=2, the
+default on two cores or more). `cache` is a lazy build on one core
+(CONVGRAD_BUILD_JOBS=1), rendering included, in a new cache folder of its own with its
+precompiled prelude: what the issue's per-kernel target measures. Prints the median,
+least, most and total seconds per kernel family; run it on an otherwise idle machine.
+A kernel's first call adds loading and one run.
 """
 
 from __future__ import annotations

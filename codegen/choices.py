@@ -85,7 +85,9 @@ class DirectChoices(RowTileChoices):
     amx: bool
     band_bytes: int
     image_block_bytes: int
+    ncx_second_part: Tiles
     no_scratch: bool
+    second_part: Tiles
     weight_packing: str
     amx_band_pixels: int | None = None
     amx_pack: str | None = None

@@ -56,20 +56,6 @@ def render(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
     return template.render(**render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN))
 
 
-def render_tiles(config: KernelConfig, plan: Mapping[str, int] | None = None) -> dict[str, str]:
-    """The register tiles that the kernel of `config` and `plan` (its C from `render`,
-    compiled with -DCONVGRAD_TILE_OBJECTS) links instead of defining them: the C source
-    of each (data_tile.c.j2), by function name. Each depends only on the tile's shape,
-    dtype, ISA path and step options, so kernels of many shapes share it. Empty for
-    kernels that define all their code themselves."""
-    context = render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN)
-    if context["body"] != "direct.c.j2":
-        return {}
-    template = _environment().get_template("data_tile.c.j2")
-    return {f"tile_{rows}x{vecs}": template.render(**context, rows=rows, vecs=vecs)
-            for rows, vecs in context["tiles"]}
-
-
 class _Recording(jinja2.BaseLoader):
     """A loader that records the templates a render loads."""
 

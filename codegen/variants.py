@@ -200,6 +200,8 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
     tiles, ncx = direct_tiles(config, plan), pointwise_ncx_tiles(config, plan)
     amx = amx_tiles(config, plan)
     bands = band_bytes(config, plan)
+    second, ncx_second = split_tiles("NCX bands" if bands else config.data_format,
+                                     tiles["tiles"], ncx.get("ncx_tiles", []), amx["amx"])
     return {"body": "direct.c.j2", "pad_columns_below": pad_columns_below(config, plan),
             "overlap_runs": overlap_runs(config, plan),
             "stream_min_bytes": stream_min_bytes(config, plan),
@@ -207,21 +209,62 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
             "no_scratch": bool(bands),  # copies bands of rows, not whole tensors
             "image_block_bytes": image_block_bytes(config, plan),
             "weight_packing": weight_packing(config, plan),
-            **tiles, **ncx, **amx}
+            "second_part": second, "ncx_second_part": ncx_second, **tiles, **ncx, **amx}
 
 
-# Kernels whose tiles carry IN_PART guards (functions.h.j2): weight gradients from row
-# segments (weight_tiles.h.j2) put all their tiles in the second object, about a third
-# of their compile time (GCC 12, Zen 4: 0.08-0.14 s of tiles beside 0.25-0.7 s of the
-# rest). Direct kernels link their tiles as shared objects instead (render_tiles).
-TWO_PART_BODIES = ("bwd_weights.c.j2", "bwd_weights_pairs.c.j2", "bwd_weights_flat.c.j2",
-                   "bwd_weights_packed.c.j2")
+# Compile time of a direct kernel's code besides its tiles, and of each tile on top of
+# its accumulators (rows x vectors, twice that with the odd partial sums of small tiles),
+# in units of one accumulator: to balance the two objects a lazy build compiles at once
+# (fit to GCC 12's times for the parts of ResNet-50 kernels compiled alone, Zen 4: about
+# 1 ms a unit). The copies of data kernels that pack their input and unpack their
+# result (pack_data, unpack_data: channels-first kernels' transposes) are the second
+# object's, SECOND_BASE_COST; the transposes of kernels that copy bands of rows
+# (ncx_bands.h.j2) the first's, with the bands' loop ("NCX bands": measured as 0.1 s more
+# in the first object and 0.15 s less in the second than with whole copies). The AMX
+# path, always the second object's, costs about AMX_COST (Sapphire Rapids, GCC 12:
+# 0.15-0.25 s; NCX with its channels-last copies).
+BASE_COST = {"NXC": 150, "NCX": 180, "NCX bands": 280}
+SECOND_BASE_COST = {"NXC": 0, "NCX": 150, "NCX bands": 0}
+TILE_COST = 30
+AMX_COST = {"NXC": 150, "NCX": 250, "NCX bands": 250}
+
+
+def split_tiles(data_format: str, tiles: list[tuple[int, int]],
+                ncx_tiles: list[tuple[int, int]], amx: bool = False,
+                ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The tiles a direct kernel's second object defines (see functions.h.j2): the
+    costliest first, each to the object with less to compile so far (the second holds
+    a data kernel's copies, SECOND_BASE_COST, and the AMX path, where there is one)."""
+    def cost(tile: tuple[int, int]) -> int:
+        accumulators = tile[0] * tile[1]
+        return TILE_COST + accumulators * (2 if accumulators < 8 else 1)
+
+    load = [BASE_COST[data_format],
+            SECOND_BASE_COST[data_format] + (AMX_COST[data_format] if amx else 0)]
+    second: list[tuple[str, tuple[int, int]]] = []
+    named = [("tile", t) for t in tiles] + [("ncx", t) for t in ncx_tiles]
+    for kind, tile in sorted(named, key=lambda n: -cost(n[1])):
+        part = int(load[1] < load[0])
+        load[part] += cost(tile)
+        if part:
+            second.append((kind, tile))
+    return ([t for kind, t in second if kind == "tile"],
+            [t for kind, t in second if kind == "ncx"])
+
+
+# Kernels whose tiles carry IN_PART guards (functions.h.j2): direct kernels split their
+# tiles between the two objects (split_tiles); weight gradients from row segments
+# (weight_tiles.h.j2) put all their tiles in the second, about a third of their compile
+# time (GCC 12, Zen 4: 0.08-0.14 s of tiles beside 0.25-0.7 s of the rest).
+TWO_PART_BODIES = ("direct.c.j2", "bwd_weights.c.j2", "bwd_weights_pairs.c.j2",
+                   "bwd_weights_flat.c.j2", "bwd_weights_packed.c.j2")
 
 
 def compile_parts(config: KernelConfig, plan: Mapping[str, int] | None = None) -> int:
     """How many objects a build of this kernel (of `plan`, default the rules') may
-    compile at once (functions.h.j2): two for weight gradients from row segments (their
-    tiles and AMX path in the second), else one."""
+    compile at once (functions.h.j2): two for direct kernels (their tiles split, the
+    AMX path, where there is one, in the second) and for weight gradients from row
+    segments (their tiles and AMX path in the second)."""
     return 2 if resolve_plan(config, plan).variant.value in TWO_PART_BODIES else 1
 
 
@@ -263,6 +306,9 @@ def render_context(config: KernelConfig, generator_version: str,
         "weights_format": config.weights_format,
         # f32 channels-last data is used in place; anything else goes through f32 scratch.
         "pack_data": config.dtype != "f32" or config.data_format != "NXC",
+        # data kernels compile pack_data and unpack_data (NCX: the transposes) in the
+        # second object of a build in two (SECOND_BASE_COST)
+        "copies_in_second_part": config.family != "bwd_weights",
         "unroll_taps": f"#pragma GCC unroll {kernel_w}" if 1 < kernel_w <= MAX_UNROLLED_TAPS
         else "",
         "isa": config.isa,

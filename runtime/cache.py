@@ -19,8 +19,7 @@ is a miss and is rebuilt. A cache directory that cannot be written (read-only, f
 is replaced by a temporary one with a warning. Past CONVGRAD_CACHE_MAX_MB, the least
 recently used entries are evicted (a build checks the folder's size from a running
 estimate, rescanning it at most once a minute unless the estimate passes the cap).
-A data kernel's library links tile objects the cache shares among kernels
-(tile_objects.py). `convgrad cache show | clear` lists or empties it.
+`convgrad cache show | clear` lists or empties it.
 """
 
 from __future__ import annotations
@@ -42,14 +41,8 @@ from pathlib import Path
 import platformdirs
 from filelock import FileLock
 
-from convgrad import pch, tile_objects
-from convgrad.codegen import (
-    KernelConfig,
-    generator_version,
-    render,
-    render_tiles,
-    source_digest,
-)
+from convgrad import pch
+from convgrad.codegen import KernelConfig, generator_version, render, source_digest
 from convgrad.codegen.isa import ISA_FEATURES
 from convgrad.codegen.plan import compile_parts, kernel_name
 from convgrad.compiler import (
@@ -129,12 +122,10 @@ def _key_material(isa: str, flags: tuple[str, ...]) -> str:
                       sort_keys=True)
 
 
-def source_key(source: str, isa: str, tiles: Mapping[str, str] | None = None) -> str:
-    """The key of the entry of a kernel of C `source` on `isa` (linking the tile objects
-    of `tiles`, render_tiles): a hash of the sources, the flags and the ISA's CPU
-    features (everything but the compiler)."""
-    digest = source_digest(source + "".join((tiles or {}).values()))
-    material = digest + _key_material(isa, compile_flags(isa))
+def source_key(source: str, isa: str) -> str:
+    """The key of the entry of a kernel of C `source` on `isa`: a hash of the source,
+    the flags and the ISA's CPU features (everything but the compiler)."""
+    material = source_digest(source) + _key_material(isa, compile_flags(isa))
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -167,7 +158,7 @@ def cache_key(config: KernelConfig, plan: Mapping[str, int] | None = None,
     recorded = recorded_key(config, folder, plan)
     if recorded is not None:
         return recorded
-    key = source_key(render(config, plan), config.isa, render_tiles(config, plan))
+    key = source_key(render(config, plan), config.isa)
     _record_index(_index_path(config, folder, plan), key)
     return key
 
@@ -285,11 +276,10 @@ def _touch(library: Path) -> None:
 def build_jobs() -> int:
     """Compilations a lazy build of one kernel runs at once: CONVGRAD_BUILD_JOBS, by
     default 2 when this process may use two cores or more, else 1. With 2, a kernel of
-    two parts (plan.compile_parts: weight kernels from row segments) is compiled as two
-    objects at once (functions.h.j2): its first call is 20-30% sooner on an idle machine
-    (Zen 4, GCC 12), for ~20% more CPU time in all, which a machine busy compiling (a
-    parallel test run) pays; a data kernel compiles its own C and the tile objects the
-    cache lacks (tile_objects.py) that many at a time."""
+    two parts (plan.compile_parts: data kernels, weight kernels from row segments) is
+    compiled as two objects at once (functions.h.j2): its first call is 20-30% sooner
+    on an idle machine (Zen 4, GCC 12), for ~20% more CPU time in all, which a machine
+    busy compiling (a parallel test run) pays."""
     value = os.environ.get("CONVGRAD_BUILD_JOBS", "").strip()
     if not value:
         try:
@@ -358,8 +348,8 @@ def _build_in(config: KernelConfig, folder: Path,
     name = kernel_name(config, plan)
     tag = compiler_tag()  # CompilerNotFoundError: nothing to use
     started = time.perf_counter()
-    source, tiles = render(config, plan), render_tiles(config, plan)
-    key = source_key(source, config.isa, tiles)
+    source = render(config, plan)
+    key = source_key(source, config.isa)
     _record_index(_index_path(config, folder, plan), key)
     target = folder / f"{_entry_stem(config, folder, plan, key)}-{tag}.so"
     with FileLock(target.with_suffix(".lock")):
@@ -369,12 +359,8 @@ def _build_in(config: KernelConfig, folder: Path,
             c_file = Path(tmp) / f"{name}.c"
             c_file.write_text(source)
             built = Path(tmp) / "kernel.so"
-            if tiles:
-                tile_objects.build_kernel(c_file, tiles, built, config.isa, folder,
-                                          build_jobs())
-            else:
-                pch.compile_kernel([c_file], built, config.isa, folder,
-                                   parts=min(build_jobs(), compile_parts(config, plan)))
+            pch.compile_kernel([c_file], built, config.isa, folder,
+                               parts=min(build_jobs(), compile_parts(config, plan)))
             record = Path(tmp) / "record.json"
             record.write_text(json.dumps({"sha256": file_digest(built),
                                           "file_stat": _file_stat(built),

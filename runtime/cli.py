@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import convgrad
-from convgrad import aot, cache, kernels, pch, tile_objects, tuning
+from convgrad import aot, cache, kernels, pch, tuning
 from convgrad import explain as explain_module
 from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
@@ -374,16 +374,13 @@ def _cache(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.action == "clear":
         removed = cache.evict(folder, limit=0) if found else 0
         cache.clear_index(folder)
-        headers, tiles = pch.clear(folder), tile_objects.clear(folder)
-        out.print(f"removed {removed} kernels, {headers} precompiled headers and {tiles} "
-                  f"tile objects from {folder}")
+        headers = pch.clear(folder)
+        out.print(f"removed {removed} kernels and {headers} precompiled headers from {folder}")
         return 0
     headers, header_bytes = pch.stored(folder)
-    tiles, tile_bytes = tile_objects.stored(folder)
     out.print(f"{folder}: {len(found)} kernels, {sum(e['bytes'] for e in found) / 2**20:.1f} "
               f"MB (cap {cache.max_bytes() / 2**20:.0f} MB, CONVGRAD_CACHE_MAX_MB); "
-              f"{headers} precompiled headers, {header_bytes / 2**20:.1f} MB; "
-              f"{tiles} tile objects, {tile_bytes / 2**20:.1f} MB")
+              f"{headers} precompiled headers, {header_bytes / 2**20:.1f} MB")
     if found:
         rows = [[time.strftime("%Y-%m-%d %H:%M", time.localtime(e["used"])),
                  f"{e['bytes'] / 1024:.1f}", e["compiler"], e["library"].name]

@@ -87,14 +87,12 @@ def compiler_identity() -> str:
 
 
 def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = True,
-                    extra: tuple[str, ...] = (), parts: int = 1,
-                    defines: tuple[str, ...] = ()) -> None:
+                    extra: tuple[str, ...] = (), parts: int = 1) -> None:
     """Compiles C sources into a shared library (or, with shared=False, one object);
-    `extra` flags (a precompiled prelude) do not change what is built, `defines` (-D
-    flags) do. `parts` > 1 (a shared library of one kernel whose tiles carry IN_PART
-    guards, functions.h.j2): that many compilations with -DCONVGRAD_PART=0, 1, ... run at
-    once, then one link."""
-    flags = compile_flags(isa) + defines
+    `extra` flags (a precompiled prelude) do not change what is built. `parts` > 1 (a
+    shared library of one kernel whose tiles carry IN_PART guards, functions.h.j2):
+    that many compilations with -DCONVGRAD_PART=0, 1, ... run at once, then one link."""
+    flags = compile_flags(isa)
     compile_only = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
     if parts == 1 or not shared:
         _run([[*compiler_command(), *(flags if shared else compile_only), *extra,

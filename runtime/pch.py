@@ -115,23 +115,21 @@ def include_flags(isa: str, cache_folder: Path, wait: bool = False) -> tuple[str
 
 
 def compile_kernel(sources: list[Path], output: Path, isa: str, cache_folder: Path, *,
-                   shared: bool = True, wait: bool = False, parts: int = 1,
-                   defines: tuple[str, ...] = ()) -> None:
+                   shared: bool = True, wait: bool = False, parts: int = 1) -> None:
     """compiler.compile_objects (in `parts` compilations at once) with the precompiled
     prelude of `cache_folder` when there is one. A compile that fails with it is tried
     again without it, and the precompiled header is removed (to be built anew): a
     damaged one must not fail a build."""
     prelude = include_flags(isa, cache_folder, wait=wait)
     try:
-        compile_objects(sources, output, isa, shared=shared, extra=prelude, parts=parts,
-                        defines=defines)
+        compile_objects(sources, output, isa, shared=shared, extra=prelude, parts=parts)
     except CompileError:
         if not prelude:
             raise
         log.warning("compiling with the precompiled header %s.gch failed; compiling "
                     "without it and removing it", prelude[1])
         Path(prelude[1] + ".gch").unlink(missing_ok=True)
-        compile_objects(sources, output, isa, shared=shared, parts=parts, defines=defines)
+        compile_objects(sources, output, isa, shared=shared, parts=parts)
 
 
 def _start(isa: str, header: Path, gch: Path) -> subprocess.Popen | None:

@@ -4,7 +4,6 @@ unwritable directories, a size cap, and its show/clear commands."""
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import shutil
 import signal
@@ -21,7 +20,7 @@ from cases import make_case
 from test_ops import assert_exact
 
 import convgrad
-from convgrad import cache, kernels, pch, tile_objects
+from convgrad import cache, kernels, pch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -219,15 +218,11 @@ def test_show_and_clear_commands(fresh_cache):
     show = subprocess.run([sys.executable, "-m", "convgrad", "cache", "show"], env=env, cwd=ROOT,
                           capture_output=True, text=True, check=True)
     assert "1 kernels" in show.stdout and "convgrad_bwd_data" in show.stdout
-    tiles = tile_objects.stored(fresh_cache)[0]
     assert f"{headers} precompiled headers" in show.stdout
-    assert f"{tiles} tile objects" in show.stdout
     clear = subprocess.run([sys.executable, "-m", "convgrad", "cache", "clear"], env=env, cwd=ROOT,
                            capture_output=True, text=True, check=True)
-    removed = f"removed 1 kernels, {headers} precompiled headers and {tiles} tile objects"
-    assert removed in clear.stdout
+    assert f"removed 1 kernels and {headers} precompiled headers" in clear.stdout
     assert cache.entries(fresh_cache) == [] and pch.stored(fresh_cache) == (0, 0)
-    assert tile_objects.stored(fresh_cache) == (0, 0)
     assert not (fresh_cache / "index").exists()
 
 
@@ -288,14 +283,13 @@ def _parts(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("isa", convgrad.cpu.available_isas())
 def test_kernels_built_in_two_parts_are_exact(fresh_cache, monkeypatch, isa):
-    """CONVGRAD_BUILD_JOBS=2: a weight kernel's tiles are the second of two objects
-    compiled at once (-DCONVGRAD_PART=0 and 1) and linked (packed panels; in place, with
-    bf16 pairs on avx512bf16); a data kernel (direct tiles, pointwise NCX tiles, rounding
-    tiles) compiles its own C and its tile objects, two at a time."""
+    """CONVGRAD_BUILD_JOBS=2: a data kernel's tiles are split between two objects
+    compiled at once (-DCONVGRAD_PART=0 and 1) and linked; a weight kernel's tiles are
+    the second object (packed panels; in place, with bf16 pairs on avx512bf16)."""
     monkeypatch.setenv("CC", str(_spy(fresh_cache.parent)))
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     monkeypatch.setenv("CONVGRAD_BUILD_JOBS", "2")
-    cases = [
+    cases = [  # direct tiles (strided, padded); pointwise NCX tiles; rounding tiles
         make_case("ConvolutionBackwardData", spatial=(5, 6), kernel=(3, 3), in_channels=37,
                   out_channels=9, attrs=dict(strides=2, pads_begin=1, output_padding=1)),
         make_case("ConvTransposeBackwardData", spatial=(12, 12), kernel=(1, 1),
@@ -309,36 +303,7 @@ def test_kernels_built_in_two_parts_are_exact(fresh_cache, monkeypatch, isa):
     ]
     for case in cases:
         assert_exact(case, convgrad.execute(case.op, case.inputs, case.attrs))
-    assert _parts(fresh_cache.parent) == ["0"] * 2 + ["1"] * 2
-    assert tile_objects.stored(fresh_cache)[0] > 0
-
-
-def _tile_compiles(folder: Path) -> int:
-    """How many tile objects `_spy(folder)` compiled."""
-    return sum(f"/{tile_objects.FOLDER}/" in line and " -c " in f" {line} "
-               for line in (folder / "compiles.log").read_text().splitlines())
-
-
-def test_data_kernels_share_tile_objects(fresh_cache, monkeypatch, caplog):
-    """A data kernel links one object per register tile, kept in the cache: a kernel of
-    another stride with the same tiles compiles only its own C; a damaged tile object
-    fails the link of the next kernel, which compiles the tiles anew (one warning).
-    Every result exact."""
-    monkeypatch.setenv("CC", str(_spy(fresh_cache.parent)))
-    cases = [make_case("ConvolutionBackwardData", spatial=(7, 9), kernel=(3, 3),
-                       in_channels=40, out_channels=33, attrs=dict(strides=s, pads_begin=1),
-                       seed=s[0] + 2 * s[1]) for s in ((1, 1), (2, 2), (2, 1))]
-    assert_exact(cases[0], convgrad.execute(cases[0].op, cases[0].inputs, cases[0].attrs))
-    tiles, _ = tile_objects.stored(fresh_cache)
-    assert tiles > 0 and _tile_compiles(fresh_cache.parent) == tiles
-    assert_exact(cases[1], convgrad.execute(cases[1].op, cases[1].inputs, cases[1].attrs))
-    assert _tile_compiles(fresh_cache.parent) == tiles
-    for path in (fresh_cache / tile_objects.FOLDER).glob("*.o"):
-        path.write_bytes(b"damaged")
-    with caplog.at_level(logging.WARNING, logger="convgrad"):
-        assert_exact(cases[2], convgrad.execute(cases[2].op, cases[2].inputs, cases[2].attrs))
-    assert _tile_compiles(fresh_cache.parent) == 2 * tiles
-    assert sum("compiling them anew" in r.getMessage() for r in caplog.records) == 1
+    assert _parts(fresh_cache.parent) == ["0"] * 5 + ["1"] * 5
 
 
 def test_one_build_job_compiles_kernels_whole(fresh_cache, monkeypatch):
@@ -442,8 +407,7 @@ def test_an_entry_is_found_through_the_index_or_by_rendering(fresh_cache, monkey
         patched.setattr(cache, "render", no_render)
         assert cache.find(config, indexed_only=True) is None  # the entry stays unseen
     assert cache.build(config) == (built, False)
-    assert index[0].read_text() == cache.source_key(convgrad.codegen.render(config), config.isa,
-                                                    convgrad.codegen.render_tiles(config))
+    assert index[0].read_text() == cache.source_key(convgrad.codegen.render(config), config.isa)
 
 
 def test_a_damaged_entry_is_rebuilt_and_an_intact_one_is_not_reread(fresh_cache, monkeypatch):

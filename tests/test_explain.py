@@ -146,7 +146,7 @@ def test_explain_names_the_rules_that_chose_the_configuration():
 
 
 # The choices a variant's branch of variants._body sets itself (no rule function).
-BODY_CHOICES = {"no_scratch", "compute_scratch",
+BODY_CHOICES = {"ncx_second_part", "no_scratch", "second_part", "compute_scratch",
                 "vector_per_group", "reduced_per_group", "spread_whole_bytes",
                 "round_in_tiles", "pointwise_ncx", "overlap_runs", "pad_columns_below",
                 "column_runs", "input_in_place", "image_block_bytes"}
