@@ -11,7 +11,7 @@ does; `parts` also compiles a kernel of two parts (data kernels, weight kernels 
 row segments) as two objects at once (a lazy build with CONVGRAD_BUILD_JOBS=2, the
 default on two cores or more). `cache` is a lazy build on one core
 (CONVGRAD_BUILD_JOBS=1), rendering included, in a new cache folder of its own with its
-precompiled prelude: what the issue's per-kernel target measures. Prints the median,
+precompiled prelude: what a first call waits for on one core. Prints the median,
 least, most and total seconds per kernel family; run it on an otherwise idle machine.
 A kernel's first call adds loading and one run.
 """
