@@ -109,6 +109,12 @@ def lookup_dir() -> Path:
     return _fallbacks.get(configured, configured)
 
 
+def has_index() -> bool:
+    """Whether the cache's index exists: a new cache has none until its first build,
+    and then no look-up without rendering (`find(indexed_only=True)`) can succeed."""
+    return (lookup_dir() / "index").is_dir()
+
+
 def max_bytes() -> int:
     value = os.environ.get("CONVGRAD_CACHE_MAX_MB", "")
     return int(float(value) * 2**20) if value.strip() else DEFAULT_MAX_MB * 2**20

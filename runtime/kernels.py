@@ -231,6 +231,8 @@ def _load(config: KernelConfig, plan: dict | None, build: bool = True) -> Kernel
             library, name, aot_plan = found
             log.debug("%s: ahead-of-time kernel from %s", name, library)
             return Kernel(config.with_isa(isa), *_bind(name, library), "aot", library, aot_plan)
+    if not build and not cache.has_index():
+        return None  # a new cache: nothing to find, so no plan to work out either
     if plan is None:
         plan = vendor_plan(config, cpu_vendor(), cpu_features())
     if not build:

@@ -376,7 +376,8 @@ def test_an_entry_is_found_through_the_index_or_by_rendering(fresh_cache, monkey
     """The index leads from a configuration to its entry without rendering; without the
     index the kernel is rendered, its entry found under the same key (no compile), and
     the index written again. A lookup `indexed_only` (a model's first step on a new
-    cache) never renders: a kernel the index does not record is missing."""
+    cache) never renders: a kernel the index does not record is missing, and in a cache
+    with no index a kernel's lookup does not even work out its plan."""
     from convgrad.codegen import KernelConfig
 
     config = KernelConfig(family="bwd_data", kernel=(3,), strides=(2,),
@@ -387,10 +388,17 @@ def test_an_entry_is_found_through_the_index_or_by_rendering(fresh_cache, monkey
     def no_render(*args, **kwargs):
         raise AssertionError("rendered although the index holds the key")
 
+    def no_plan(*args, **kwargs):
+        raise AssertionError("a plan worked out for a cache with no index")
+
     with monkeypatch.context() as patched:
         patched.setattr(cache, "render", no_render)
         assert cache.find(config, indexed_only=True) is None
+        patched.setattr(kernels, "vendor_plan", no_plan)  # a new cache: nothing to find
+        assert kernels.get_kernel(config, build=False) is None
     built, compiled = cache.build(config)
+    kernels.reset()
+    assert kernels.get_kernel(config, {}, build=False).path == built
     assert compiled
     index = list((fresh_cache / "index").iterdir())
     assert len(index) == 1 and built.name.split("-")[-2] == index[0].read_text()[:16]
