@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
+from unittest import mock
 
 import cffi
 import ml_dtypes
@@ -763,18 +764,12 @@ def plot(rows: list[Row], means: list[dict], path: Path, title: str) -> bool:
 @contextlib.contextmanager
 def environment(updates: dict[str, str]) -> Iterator[None]:
     """Sets environment variables and forgets loaded kernels; restores both after."""
-    saved = {key: os.environ.get(key) for key in updates}
-    os.environ.update(updates)
-    kernels.reset()
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with mock.patch.dict(os.environ, updates):
         kernels.reset()
+        try:
+            yield
+        finally:
+            kernels.reset()
 
 
 def _int_list(text: str) -> list[int]:

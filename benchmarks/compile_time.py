@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 from convgrad import cache, pch
 from convgrad.aot import kernels_of, read_layers
@@ -77,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _lazy_builds(configs: list, folder: Path, seconds: dict) -> None:
     """`cache` mode: cache.build of each kernel in the new cache `folder`, one core."""
-    saved = {name: os.environ.get(name) for name in ("CONVGRAD_CACHE_DIR", "CONVGRAD_BUILD_JOBS")}
-    os.environ.update(CONVGRAD_CACHE_DIR=str(folder), CONVGRAD_BUILD_JOBS="1")
-    try:
+    with mock.patch.dict(os.environ, CONVGRAD_CACHE_DIR=str(folder), CONVGRAD_BUILD_JOBS="1"):
         for isa in dict.fromkeys(config.isa for config in configs):
             pch.include_flags(isa, folder, wait=True)
         for config in configs:
@@ -87,12 +86,6 @@ def _lazy_builds(configs: list, folder: Path, seconds: dict) -> None:
             begin = time.perf_counter()
             cache.build(config)
             seconds.setdefault(("cache", family), []).append(time.perf_counter() - begin)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 if __name__ == "__main__":
