@@ -1,0 +1,139 @@
+"""Two builds of the same kernels, timed in one process on the same arrays.
+
+    python benchmarks/ab_builds.py [--set resnet50|mobilenet_v2|...] [--layers a,b]
+                                   [--ops fwd,data,weights] [--threads 1]
+                                   [--base-python PYTHON] [--base-env NAME=VALUE ...]
+                                   [--reps 15] [--seconds 0.15]
+
+For each layer of the set (names matched as bench.py --layers does) and op, the call
+runs through convgrad.execute on this checkout's kernel ("ours", built into a new
+cache as this process's settings say). The same configuration and plan is then built by
+--base-python (another checkout's virtual environment; default this interpreter) into
+a cache of its own, with --base-env added to its environment ("theirs"). The two
+libraries take turns in the call's bound kernel, `--reps` times `--seconds` each,
+alternating which goes first. Prints each layer's median times and the speed ratio
+(theirs' time / ours: above 1, ours is faster), then their geometric mean.
+
+Why: on a shared machine two processes minutes apart differ by up to 10%, more than
+most kernel changes; interleaved in one process, that drift cancels (an A/A run reads
+0.99-1.01). Examples: this checkout against the last commit's worktree
+(`--base-python /tmp/base/.venv/bin/python`); a build in two parts against a whole one
+(`--base-env CONVGRAD_BUILD_JOBS=1`, this process with CONVGRAD_BUILD_JOBS=2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402  (the sibling benchmark's shape sets and arrays)
+
+from convgrad import api, bound, kernels  # noqa: E402
+from convgrad.codegen.layers import conv_layers  # noqa: E402
+
+BUILD = """
+import json, sys
+from convgrad import cache
+from convgrad.codegen import KernelConfig
+config = KernelConfig.from_dict(json.loads(sys.argv[1]))
+print(cache.build(config, json.loads(sys.argv[2]))[0])
+"""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--set", default="resnet50", choices=sorted(bench.SETS))
+    parser.add_argument("--layers", default="", help="comma-separated parts of layer names")
+    parser.add_argument("--ops", default="fwd", help="comma-separated, as bench.py --ops")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--base-python", default=sys.executable)
+    parser.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--seconds", type=float, default=0.15)
+    parser.add_argument("--shapes-dir", type=Path, default=bench.DEFAULT_SHAPES_DIR)
+    args = parser.parse_args(argv)
+    if any("=" not in item for item in args.base_env):
+        parser.error("--base-env takes NAME=VALUE")
+    return args
+
+
+def build_base(kernel: kernels.Kernel, args: argparse.Namespace, folder: str) -> Path:
+    """The library of `kernel`'s configuration and plan as --base-python builds it."""
+    env = {**os.environ, "CONVGRAD_CACHE_DIR": folder,
+           **dict(item.split("=", 1) for item in args.base_env)}
+    done = subprocess.run([args.base_python, "-c", BUILD, json.dumps(kernel.config.to_dict()),
+                           json.dumps(kernel.plan)], capture_output=True, text=True,
+                          env=env, check=True)
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = [name for name in args.layers.split(",") if name]
+    convs = bench.load_set(args.set, args.shapes_dir, None, names)
+    if not convs:
+        print(f"no layer of set {args.set} matches {args.layers!r}")
+        return 1
+    rng = np.random.default_rng(0)
+    ratios = []
+    # both builds in new caches of their own, compiled when asked for (not in the background)
+    with tempfile.TemporaryDirectory(prefix="convgrad-ab-") as folder, mock.patch.dict(
+            os.environ, {"CONVGRAD_CACHE_DIR": str(Path(folder) / "ours"),
+                         "CONVGRAD_COMPILE": "block"}):
+        base_cache = str(Path(folder) / "theirs")
+        for conv in convs:
+            for op in args.ops.split(","):
+                (layer,) = conv_layers(conv, (bench.OPS[op],), batch=args.batch)
+                arrays = [bench._aligned(rng.standard_normal(shape, dtype=np.float32))
+                          for shape in layer.inputs[:2]]
+                inputs = [*arrays, *([list(layer.inputs[2])] if len(layer.inputs) > 2
+                                     else [])]
+
+                def run(layer=layer, inputs=inputs):
+                    return api.execute(layer.op, inputs, layer.attrs,
+                                       num_threads=args.threads)
+
+                bound._calls.clear()
+                run()
+                [call] = list(bound._calls.values())
+                ours = call.kernel
+                path = build_base(ours, args, base_cache)
+                theirs = kernels.Kernel(ours.config, *kernels._bind(ours.name, path),
+                                        "cache", path, ours.plan)
+                times: dict[str, list[float]] = {"ours": [], "theirs": []}
+                order = [("ours", ours), ("theirs", theirs)]
+                for rep in range(args.reps):
+                    for tag, kernel in order if rep % 2 else order[::-1]:
+                        call.kernel = kernel
+                        run()
+                        begin, count = time.perf_counter(), 0
+                        while time.perf_counter() - begin < args.seconds:
+                            run()
+                            count += 1
+                        times[tag].append((time.perf_counter() - begin) / count)
+                call.kernel = ours
+                mine, base = (statistics.median(times[tag]) for tag in ("ours", "theirs"))
+                ratios.append(base / mine)
+                print(f"{conv.name:28s} {op:7s} {args.threads}T ours {mine * 1e3:8.3f} ms "
+                      f"theirs {base * 1e3:8.3f} ms  speed ours/theirs {base / mine:.3f}",
+                      flush=True)
+    print("geomean speed ours/theirs",
+          round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""The in-process A/B benchmark times two builds of one kernel and reports their ratio."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import ab_builds  # noqa: E402
+
+
+def test_two_builds_of_a_layer_are_timed_against_each_other(capsys):
+    """The base build runs with --base-env (here a whole build against this process's
+    own): a line per layer and op with both times and their ratio, then the geomean."""
+    status = ab_builds.main(["--layers", "res2a_branch2a", "--ops", "fwd",
+                             "--batch", "1", "--reps", "2", "--seconds", "0.01",
+                             "--base-env", "CONVGRAD_BUILD_JOBS=1"])
+    assert status == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["resnet_50:res2a_branch2a", "fwd", "1T"]
+    assert lines[1].startswith("geomean speed ours/theirs")
+    ratios = [float(line.split()[-1]) for line in lines]
+    assert len(ratios) == 2 and all(0.2 < ratio < 5 for ratio in ratios)
+
+
+def test_a_layer_name_that_matches_nothing_is_an_error(capsys):
+    assert ab_builds.main(["--layers", "no_such_layer"]) == 1
+    assert "no layer" in capsys.readouterr().out
