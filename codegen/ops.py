@@ -113,6 +113,15 @@ class Problem:
     swap_inputs: bool = False
     operands_swapped: bool = False
 
+    @property
+    def multiply_adds(self) -> int:
+        """The op's multiply-adds at this batch (taps that hit padding count)."""
+        c = self.config
+        count = self.batch * c.groups * c.cin_per_group * c.cout_per_group
+        for x, k in zip(self.dst_spatial, c.kernel, strict=True):
+            count *= x * k
+        return count
+
 
 def _fail(op: str, what: str, value, expected: str, error=ValueError):
     raise error(f"{op}: {what} = {value!r} is invalid; expected {expected}")

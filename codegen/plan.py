@@ -34,9 +34,10 @@ from convgrad.codegen.variants import (
     compile_parts,
     render_context,
     resolve_plan,
+    small_problem_plan,
 )
 from convgrad.codegen.vendors import vendor_plan
 
 __all__ = ["EMPTY_PLAN", "PLAN_CHOICES", "Choices", "KernelPlan", "Variant", "candidates",
            "check_plan", "compile_parts", "kernel_name", "plan_key", "render_context",
-           "resolve_plan", "vendor_plan"]
+           "resolve_plan", "small_problem_plan", "vendor_plan"]

@@ -363,8 +363,4 @@ def check_layers(layers: list[Layer], *, repeats: int = 5, num_threads: int | No
 
 def _flops(problem) -> int:
     """2 x multiply-adds of the op, at the problem's batch (taps that hit padding count)."""
-    c = problem.config
-    count = 2 * problem.batch * c.groups * c.cin_per_group * c.cout_per_group
-    for x, k in zip(problem.dst_spatial, c.kernel, strict=True):
-        count *= x * k
-    return count
+    return 2 * problem.multiply_adds

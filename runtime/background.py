@@ -180,7 +180,8 @@ class _Pool:
             call = self.queue.get()
             try:
                 if not call.tunes:  # tuning times plans here, in this process
-                    _build_elsewhere(call.config, busy=len(self.pending) > 1)
+                    _build_elsewhere(call.config, call.build_plan(),
+                                     busy=len(self.pending) > 1)
                 call.load()  # from the disk cache, which the build filled
             except Exception as error:  # noqa: BLE001 - reported; the stand-in stays
                 _failed(call, error)
@@ -219,8 +220,9 @@ def _worker() -> subprocess.Popen:
     return process
 
 
-def _build_elsewhere(config, busy: bool = False) -> None:
-    """Builds `config`'s kernel into the disk cache in this thread's worker process;
+def _build_elsewhere(config, plan=None, busy: bool = False) -> None:
+    """Builds `config`'s kernel of `plan` (None: the rules') into the disk cache in this
+    thread's worker process;
     `busy` (other requests are pending, building or queued): as one compilation, unless
     CONVGRAD_BUILD_JOBS says otherwise. Two parts at once make one kernel sooner, but
     cost ~20% more CPU time, which builds that already fill the cores pay:
@@ -231,7 +233,7 @@ def _build_elsewhere(config, busy: bool = False) -> None:
     settings = {name: os.environ.get(name) for name in _SETTINGS}
     if busy and not (settings["CONVGRAD_BUILD_JOBS"] or "").strip():
         settings["CONVGRAD_BUILD_JOBS"] = "1"
-    request = {"config": config.to_dict(), "settings": settings}
+    request = {"config": config.to_dict(), "plan": plan, "settings": settings}
     try:
         process.stdin.write(json.dumps(request) + "\n")
         process.stdin.flush()

@@ -23,7 +23,8 @@ import numpy as np
 
 from convgrad import kernels, threads, tuning
 from convgrad.codegen import Problem, resolve
-from convgrad.cpu import selected_isa
+from convgrad.codegen.plan import small_problem_plan, vendor_plan
+from convgrad.cpu import cpu_features, cpu_vendor, selected_isa
 from convgrad.kernels import Kernel, ffi, get_kernel
 
 # Kernel scratch, kept per Python thread between calls: allocating and faulting in
@@ -77,6 +78,8 @@ class BoundCall:
         if self.kernel is None:
             plan = tuning.plan_for(self.problem, self.config, self.threads, self._tune,
                                    self._arrays)
+            if plan is None and not self.tunes:
+                plan = self.build_plan()
             kernel = get_kernel(self.config, plan, build=build)
             if kernel is None:
                 return None
@@ -84,6 +87,20 @@ class BoundCall:
             self._arrays = None
             self.kernel = kernel  # last: another thread may be reading it
         return self.kernel
+
+    def build_plan(self) -> dict | None:
+        """The plan a build of this call's kernel takes (tuning off): the rules' (None),
+        but for a problem of one output pixel an image and few multiply-adds whose
+        configuration has no kernel yet (in memory, an AOT folder or the cache's index;
+        one that exists is taken) the rules' with small_problem_plan's tiles, cheaper to
+        compile and as fast there."""
+        problem = self.problem
+        small = small_problem_plan(self.config, problem.multiply_adds,
+                                   max(math.prod(problem.src_spatial),
+                                       math.prod(problem.dst_spatial)))
+        if small is None or get_kernel(self.config, None, build=False) is not None:
+            return None
+        return {**vendor_plan(self.config, cpu_vendor(), cpu_features()), **small}
 
     def run(self, first, second, out) -> None:
         kernel = self.kernel or self.load()

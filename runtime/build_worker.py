@@ -1,8 +1,9 @@
 """A kernel-build worker: `python -m convgrad.build_worker`, run by convgrad.background.
 
 Reads one JSON request a line on standard input, {"config": KernelConfig.to_dict(),
-"settings": {variable: value or null}}, builds that kernel (the rules' plan for this
-CPU) into the disk cache with those environment settings, and answers one JSON line on
+"plan": {choice: value} or null, "settings": {variable: value or null}}, builds that
+kernel (null: the rules' plan for this CPU) into the disk cache with those environment
+settings, and answers one JSON line on
 standard output: {"ok": true} or {"error": "..."}. A plain process of its own: it
 imports neither the user's program nor PyTorch, and renders kernels without holding
 the caller's GIL.
@@ -38,7 +39,8 @@ def main() -> int:
                 os.environ[name] = value
         try:
             kernels.reset()
-            kernels.get_kernel(KernelConfig.from_dict(request["config"]))
+            kernels.get_kernel(KernelConfig.from_dict(request["config"]),
+                               request.get("plan"))
             answer = {"ok": True}
         except Exception as error:  # noqa: BLE001 - sent to the caller, which reports it
             answer = {"error": f"{type(error).__name__}: {error}"}

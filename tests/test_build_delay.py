@@ -14,7 +14,8 @@ from convgrad import background
 
 
 class _Call:
-    """What the pool asks of a request: its config, whether it tunes, load()."""
+    """What the pool asks of a request: its config, whether it tunes, the plan to build,
+    load()."""
 
     tunes = False
     kernel = None
@@ -24,6 +25,9 @@ class _Call:
         self.config = config or name
         self.started: float | None = None
         self.loaded = threading.Event()
+
+    def build_plan(self) -> None:
+        return None
 
     def load(self) -> None:
         self.kernel = object()
@@ -36,7 +40,7 @@ def pool(monkeypatch):
     monkeypatch.setattr(background, "_pool", None)
     calls: dict[str, _Call] = {}
 
-    def build(config, busy: bool = False) -> None:
+    def build(config, plan=None, busy: bool = False) -> None:
         for call in calls.values():
             if call.config == config and call.started is None:
                 call.started = time.monotonic()

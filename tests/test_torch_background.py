@@ -86,6 +86,21 @@ def test_the_stand_in_serves_while_the_build_runs_then_the_kernel(
     assert torch.equal(y, reference(x))
 
 
+def test_a_background_build_takes_the_plan_of_the_call(background_mode, kernel_calls):
+    """The worker builds the plan the call asked for: a one-pixel problem's kernel has
+    the short tiles of small_problem_plan (bound.BoundCall.build_plan)."""
+    from convgrad.codegen.variants import SMALL_PROBLEM_TILE_ROWS
+
+    reference, converted = _pair(64, 48, kernel=1)
+    x = _ints(8, 64, 1, 1, seed=4).contiguous(memory_format=torch.channels_last)
+    _calls._calls.clear()
+    assert torch.equal(converted(x), reference(x))  # the stand-in
+    _settle()
+    assert torch.equal(converted(x), reference(x)) and len(kernel_calls) == 1
+    [call] = _calls._calls.values()
+    assert call.bound.kernel.plan["tile_rows"] == SMALL_PROBLEM_TILE_ROWS
+
+
 def test_block_mode_waits_for_the_kernel(background_mode, kernel_calls):
     cgt.set_compile_mode("block")
     reference, converted = _pair()

@@ -784,3 +784,33 @@ def test_plan_text_names_the_vendors_rules():
     assert _plan_text({"vec_block": 3}, {"vec_block": 3}) == "rules (vec_block=3)"
     assert _plan_text({}, {"vec_block": 3}) == "rules (any vendor)"
     assert _plan_text({"packed": 1, "vec_block": 2}, {}) == "packed=1, vec_block=2"
+
+
+def test_one_pixel_problems_build_short_tiles_unless_their_kernel_exists(fresh_cache):
+    """A direct kernel for a problem of one pixel an image and few multiply-adds (as a
+    squeeze-and-excitation convolution) whose configuration has no kernel yet is built
+    with the rules' plan plus small_problem_plan's tiles of few rows, exact; a problem of
+    the same configuration with more pixels gets the rules' kernel, and a new one-pixel
+    problem then takes that one."""
+    from convgrad import bound
+    from convgrad.codegen.variants import SMALL_PROBLEM_TILE_ROWS
+
+    def kernel_of(spatial, batch):
+        case = make_case("ConvTransposeBackwardData", spatial=spatial, kernel=(1, 1),
+                         in_channels=64, out_channels=48, batch=batch, seed=3)
+        bound._calls.clear()
+        out = convgrad.execute(case.op, case.inputs, case.attrs, tune=False)
+        np.testing.assert_array_equal(out.view(np.uint32),
+                                      case.expected(out.dtype).view(np.uint32))
+        [call] = bound._calls.values()
+        return call.kernel
+
+    def tallest(kernel):
+        return max(rows for rows, _ in render_context(kernel.config, "v", kernel.plan)["tiles"])
+
+    one_pixel = kernel_of((1, 1), 8)
+    assert one_pixel.plan["tile_rows"] == SMALL_PROBLEM_TILE_ROWS
+    larger = kernel_of((5, 6), 2)
+    assert "tile_rows" not in larger.plan and larger.config == one_pixel.config
+    assert tallest(one_pixel) <= SMALL_PROBLEM_TILE_ROWS + 1 < tallest(larger)
+    assert kernel_of((1, 1), 4) is larger
