@@ -266,8 +266,9 @@ TWO_PART_BODIES = ("direct.c.j2", "bwd_weights.c.j2", "bwd_weights_pairs.c.j2",
 # output pixel per image and few multiply-adds (squeeze-and-excitation and other
 # fully connected layers as convolutions) gain nothing from the taller ones:
 # EfficientNet-B0's (1x1, batch 8, 4-1152 channels: 28 of its 137 kernels), forward and
-# data gradient, 2 threads, ran at 1.03x the time (geometric mean of 24; at most 1.11x,
-# 22.0 -> 24.5 us), exact on integer data. Only those: the rules' tiles are what other
+# data gradient, 2 threads, ran at 1.02-1.03x the time (geometric means of 24, two runs;
+# at most 1.12x, 21.8 -> 24.4 us), exact on integer data (record
+# zen4/small_problem_plan_8e5cde8). Only those: the rules' tiles are what other
 # problems, and the tests' small ones, run.
 SMALL_PROBLEM_MACS = 2**20
 SMALL_PROBLEM_TILE_ROWS = 2
