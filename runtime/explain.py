@@ -15,6 +15,7 @@ template files the kernel renders from.
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from convgrad.codegen.plan import (
     check_plan,
     kernel_name,
     resolve_plan,
+    small_problem_plan,
     vendor_plan,
 )
 from convgrad.codegen.render import templates_of
@@ -110,6 +112,13 @@ def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | N
         vendor = cpu_vendor() if here else vendor
         chosen = vendor_plan(config, vendor, cpu_features() if here else None)
         source = f"rules for {vendor or 'any vendor'}" if chosen else "rules"
+    small = small_problem_plan(config, problem.multiply_adds,
+                               max(math.prod(problem.src_spatial),
+                                   math.prod(problem.dst_spatial)))
+    if plan is None and small:
+        rules.append(f"a lazy build where no kernel of this configuration exists adds "
+                     f"{json.dumps(small)}: one pixel an image, {problem.multiply_adds} "
+                     "multiply-adds (variants.small_problem_plan)")
     resolved = resolve_plan(config, chosen)
     attributed = rule_notes.attribute(config, resolved)
     by_name = {rule_notes.rule_name(r): r for r in rule_notes.RULES[resolved.variant]}

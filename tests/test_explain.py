@@ -143,6 +143,10 @@ def test_explain_names_the_rules_that_chose_the_configuration():
     assert "rules_problem.swaps_operands" in str(found)
     plain = explain(LAYERS[0][0], isa="avx512", vendor="")
     assert not plain.problem_rules and "problem " not in str(plain)
+    # a squeeze-and-excitation convolution: one pixel an image, few multiply-adds
+    squeeze = Layer("ConvTransposeBackwardData", ((8, 1, 1, 144), (1, 1, 144, 6)), {})
+    assert "variants.small_problem_plan" in str(explain(squeeze, isa="avx512", vendor=""))
+    assert "small_problem_plan" not in str(plain)
 
 
 # The choices a variant's branch of variants._body sets itself (no rule function).
