@@ -4,6 +4,7 @@ place that turns a configuration and its plan into what the templates read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -22,6 +23,7 @@ from convgrad.codegen.choices import (
 )
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.isa import SIMD, VECTOR_LANES
+from convgrad.codegen.ops import Problem
 from convgrad.codegen.plan_choices import EMPTY_PLAN, PLAN_CHOICES, kernel_name
 from convgrad.codegen.rules_amx import amx_tiles
 from convgrad.codegen.rules_common import _reduced_channels, uses_bf16_dot
@@ -274,14 +276,13 @@ SMALL_PROBLEM_MACS = 2**20
 SMALL_PROBLEM_TILE_ROWS = 2
 
 
-def small_problem_plan(config: KernelConfig, multiply_adds: int,
-                       output_pixels: int) -> dict[str, int] | None:
-    """What a kernel built for a problem of `multiply_adds` with `output_pixels` pixels
-    an image (the larger of its input's and its result's) takes on top of the rules' plan
-    where no kernel of its configuration exists yet: for a direct kernel of one pixel an
-    image and few multiply-adds, tiles of few rows (cheaper to compile, as fast there);
-    else None."""
-    if output_pixels != 1 or multiply_adds > SMALL_PROBLEM_MACS:
+def small_problem_plan(config: KernelConfig, problem: Problem) -> dict[str, int] | None:
+    """What the kernel of `config` (the problem's, on the ISA path that runs it) built
+    for `problem` takes on top of the rules' plan where no kernel of its configuration
+    exists yet: for a direct kernel of one pixel an image (input and result) and few
+    multiply-adds, tiles of few rows (cheaper to compile, as fast there); else None."""
+    one_pixel = math.prod(problem.src_spatial) == math.prod(problem.dst_spatial) == 1
+    if not one_pixel or problem.multiply_adds > SMALL_PROBLEM_MACS:
         return None
     resolved = resolve_plan(config, EMPTY_PLAN)
     if (resolved.variant is not Variant.DIRECT or resolved.choices.amx

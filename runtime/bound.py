@@ -94,10 +94,7 @@ class BoundCall:
         configuration has no kernel yet (in memory, an AOT folder or the cache's index;
         one that exists is taken) the rules' with small_problem_plan's tiles, cheaper to
         compile and as fast there."""
-        problem = self.problem
-        small = small_problem_plan(self.config, problem.multiply_adds,
-                                   max(math.prod(problem.src_spatial),
-                                       math.prod(problem.dst_spatial)))
+        small = small_problem_plan(self.config, self.problem)
         if small is None or get_kernel(self.config, None, build=False) is not None:
             return None
         return {**vendor_plan(self.config, cpu_vendor(), cpu_features()), **small}

@@ -15,7 +15,6 @@ template files the kernel renders from.
 from __future__ import annotations
 
 import json
-import math
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -112,9 +111,7 @@ def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | N
         vendor = cpu_vendor() if here else vendor
         chosen = vendor_plan(config, vendor, cpu_features() if here else None)
         source = f"rules for {vendor or 'any vendor'}" if chosen else "rules"
-    small = small_problem_plan(config, problem.multiply_adds,
-                               max(math.prod(problem.src_spatial),
-                                   math.prod(problem.dst_spatial)))
+    small = small_problem_plan(config, problem)
     if plan is None and small:
         rules.append(f"a lazy build where no kernel of this configuration exists adds "
                      f"{json.dumps(small)}: one pixel an image, {problem.multiply_adds} "
