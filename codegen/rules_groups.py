@@ -21,6 +21,19 @@ from convgrad.codegen.rules_common import (
 
 # Tap loops longer than this stay loops instead of being unrolled.
 MAX_UNROLLED_TAPS = 16
+# A kernel wakes one thread per this many FLOPs (2 per multiply-add) at most
+# (kernel.c.j2's MIN_THREAD_FLOPS): below, waking a thread costs more than it saves.
+# Depthwise kernels run at about a quarter of the dense kernels' FLOP rate (a load per
+# multiply-add: 25-30 GFLOP/s against 100-110 on Zen 4 avx2, 1 thread), so they take a
+# second thread at a quarter of the work; their weight gradients, which add partial
+# sums across threads, at half (with 5e5, weights of 7x7 576 channels, stride 2, 1.33
+# MFLOP, ran at 0.71 of one thread's speed on avx512). Zen 4, batch 8, 2 threads,
+# MobileNetV2's and EfficientNet-B0's depthwise layers at 112x112 of 1.3-2.7 MFLOP (all
+# on one thread with 2e6), time with 2e6 / with these, in one process
+# (benchmarks/results/zen4/depthwise_threads_ab): data and fwd 1.04-1.87 (avx512),
+# 1.08-1.85 (avx2); weights of 2.2-2.7 MFLOP 1.36-1.58 and 1.41-1.61.
+MIN_THREAD_FLOPS = "2e6"
+DEPTHWISE_MIN_THREAD_FLOPS = {"fwd": "5e5", "bwd_data": "5e5", "bwd_weights": "1e6"}
 # Grouped layers with few channels per group leave most lanes of a vector of one group's
 # channels empty (2 of 8 with 2 per group): vectorised across the groups instead, lanes
 # over every channel of the vectorised side against a copy of the other operand spread
@@ -210,3 +223,11 @@ def slide_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> in
             and kw > 1 and plan.get("slide", config.groups <= SLIDE_MAX_CHANNELS)):
         return 0
     return max(0, min(SLIDE_ROWS[config.isa], REGISTERS[config.isa] - kw - 2))
+
+
+def min_thread_flops(config: KernelConfig) -> str:
+    """The FLOPs of a call per thread it wakes, at least (a C literal: MIN_THREAD_FLOPS,
+    or DEPTHWISE_MIN_THREAD_FLOPS for depthwise layers)."""
+    if config.depthwise:
+        return DEPTHWISE_MIN_THREAD_FLOPS[config.family]
+    return MIN_THREAD_FLOPS

@@ -44,6 +44,7 @@ from convgrad.codegen.rules_groups import (
     MAX_UNROLLED_TAPS,
     data_across_groups,
     depthwise_weight_rows,
+    min_thread_flops,
     slide_rows,
     weights_across_groups,
 )
@@ -343,6 +344,7 @@ def render_context(config: KernelConfig, generator_version: str,
         "unroll_taps": f"#pragma GCC unroll {kernel_w}" if 1 < kernel_w <= MAX_UNROLLED_TAPS
         else "",
         "isa": config.isa,
+        "min_thread_flops": min_thread_flops(config),
         "vl": VECTOR_LANES[config.isa],
         "simd": SIMD[config.isa],
         "transpose_stages": _halvings(VECTOR_LANES[config.isa]),
