@@ -30,11 +30,12 @@ LAYERS = [(14, 192, 3, 2), (7, 384, 3, 1), (7, 576, 3, 2), (4, 960, 3, 1),
 folder = Path(tempfile.mkdtemp())
 
 
-def build(source: str, name: str, tag: str):
+def build(source: str, name: str, isa: str, tag: str):
+    """The kernel `name` of C `source` and its workspace function, compiled for `isa`."""
     path = folder / f"{tag}-{name}.c"
     path.write_text(source)
     library = path.with_suffix(".so")
-    compile_objects([path], library, call.config.isa)
+    compile_objects([path], library, isa)
     return _bind(name, library)
 
 
@@ -71,7 +72,9 @@ for size, channels, k, stride in LAYERS:
         if old_c == new_c:
             raise SystemExit("not a depthwise kernel with a lower threshold")
         name = call.config.name
-        (new, size_of), (old, _) = build(new_c, name, "new"), build(old_c, name, "old")
+        isa = call.config.isa
+        (new, size_of), (old, _) = (build(new_c, name, isa, "new"),
+                                    build(old_c, name, isa, "old"))
         rng = np.random.default_rng(0)
         a, b = (rng.standard_normal(s, dtype=np.float32) for s in shapes)
         if call.swap:
