@@ -95,6 +95,15 @@ def render_dims_declaration() -> str:
     return _environment().get_template("dims_struct.h.j2").render()
 
 
+DIMS_FIELDS = 11  # convgrad_dims as int64 values: batch, src[3], dst[3], pads_begin[3], threads
+
+
+def render_xla_handler() -> str:
+    """The C source of the XLA FFI handler that runs kernels inside JAX programs
+    (convgrad.jax): one handler for every kernel, which it finds in a table."""
+    return _environment().get_template("xla_ffi.c.j2").render(dims_length=DIMS_FIELDS)
+
+
 def render_header(names: list[str], aliases: dict[str, str] | None = None,
                   swapped: Iterable[str] = ()) -> str:
     """A C header declaring the given kernels (for AOT builds), and for each layer name

@@ -1,0 +1,111 @@
+"""The XLA FFI handler: built once per jaxlib and compiler, registered with XLA, and the
+table of kernels it runs.
+
+The handler (templates/xla_ffi.c.j2) is plain C against the FFI C API header that
+jaxlib ships (`jax.ffi.include_dir()`). It is compiled into the kernel cache, keyed by
+its source, that header and the compiler, and loaded with ctypes; `jax.ffi` registers
+it as the custom-call target TARGET on the CPU. A kernel enters its table once
+(`kernel_index`) and a call names it by that index.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import secrets
+import subprocess
+import tempfile
+import threading
+from functools import cache
+from pathlib import Path
+
+import jax
+from filelock import FileLock
+
+from convgrad import cache as kernel_cache
+from convgrad.codegen.render import render_xla_handler
+from convgrad.compiler import CompileError, compiler_command, compiler_identity
+from convgrad.kernels import Kernel, ffi
+
+TARGET = "convgrad_conv"
+_HEADER = Path("xla") / "ffi" / "api" / "c_api.h"
+_lock = threading.Lock()
+_indices: dict[int, int] = {}  # kernel address -> index in the handler's table
+
+
+def _handler_source() -> tuple[str, str]:
+    """The handler's C and the key of its build (source, jaxlib's header, compiler)."""
+    source = render_xla_handler()
+    header = (Path(jax.ffi.include_dir()) / _HEADER).read_bytes()
+    digest = hashlib.sha256()
+    for part in (source.encode(), header, compiler_identity().encode()):
+        digest.update(part)
+        digest.update(b"\0")
+    return source, digest.hexdigest()[:20]
+
+
+def _build(folder: Path) -> Path:
+    source, key = _handler_source()
+    target = folder / "xla_ffi" / f"convgrad_xla_ffi-{key}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.with_suffix(".lock")):
+        if target.is_file():
+            return target
+        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
+            c_file = Path(tmp) / "convgrad_xla_ffi.c"
+            c_file.write_text(source)
+            built = Path(tmp) / "handler.so"
+            command = [*compiler_command(), "-O2", "-std=gnu11", "-fPIC", "-shared",
+                       "-Wl,-z,nodelete", "-I", jax.ffi.include_dir(), "-o", str(built),
+                       str(c_file)]
+            result = subprocess.run(command, capture_output=True, text=True, check=False)
+            if result.returncode:
+                raise CompileError(f"compiling convgrad's XLA FFI handler failed "
+                                   f"({' '.join(command)}):\n{result.stderr.strip()}")
+            os.replace(c_file, target.with_suffix(".c"))  # kept for debugging
+            os.replace(built, target)
+    return target
+
+
+@cache
+def handler() -> ctypes.CDLL:
+    """The handler library, built if needed and registered with XLA (once a process)."""
+    try:
+        path = _build(kernel_cache.cache_dir())
+    except OSError as error:
+        if error.errno not in kernel_cache.UNWRITABLE:
+            raise
+        path = _build(Path(tempfile.mkdtemp(prefix="convgrad-xla-")))
+    library = ctypes.CDLL(str(path))
+    library.convgrad_xla_register.restype = ctypes.c_int64
+    library.convgrad_xla_register.argtypes = [ctypes.c_void_p]
+    library.convgrad_xla_set_token.argtypes = [ctypes.c_int64]
+    library.convgrad_xla_set_token(token())
+    jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.convgrad_xla_conv),
+                                platform="cpu")
+    return library
+
+
+@cache
+def token() -> int:
+    """This process's token: a program compiled elsewhere carries another."""
+    return secrets.randbits(62) + 1
+
+
+def kernel_index(kernel: Kernel) -> int:
+    """The index of `kernel` in the handler's table (registered the first time)."""
+    address = int(ffi.cast("uintptr_t", kernel.function))
+    index = _indices.get(address)
+    if index is None:
+        library = handler()
+        with _lock:
+            index = _indices.get(address)
+            if index is None:
+                index = library.convgrad_xla_register(address)
+                if index < 0:
+                    raise RuntimeError("convgrad.jax: the FFI handler's kernel table is full")
+                _indices[address] = index
+    return index
