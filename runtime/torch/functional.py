@@ -13,6 +13,11 @@ and weight (bias is added by torch, so its gradient is torch's sum). Every convo
 
 One extension: `padding` of the convolutions may also be a sequence of (begin, end)
 pairs, one per spatial axis (asymmetric pads, which torch expresses only with F.pad).
+
+Under `torch.autocast("cpu", dtype=...)` input and weight may differ in dtype, as in
+torch.nn.functional: the ops cast both to the autocast dtype (convgrad.torch.ops), and
+the bias is cast to it too before it is added, so the result has that dtype as
+torch's has. Outside autocast all three must have one dtype.
 """
 
 from __future__ import annotations
@@ -44,7 +49,9 @@ def _tuple(op: str, name: str, value, rank: int, minimum: int) -> list[int]:
 
 
 def _inputs(op: str, rank: int, input, weight, bias) -> bool:
-    """Validates the tensors; returns whether input is unbatched (C, spatial...)."""
+    """Validates the tensors (of one dtype, except under autocast, which casts them);
+    returns whether input is unbatched (C, spatial...)."""
+    mixed = torch.is_autocast_enabled("cpu")
     _bridge.check_tensor(op, "input", input)
     _bridge.check_tensor(op, "weight", weight)
     if input.dim() not in (rank + 1, rank + 2):
@@ -54,12 +61,12 @@ def _inputs(op: str, rank: int, input, weight, bias) -> bool:
     if weight.dim() != rank + 2:
         raise ValueError(f"{op}: weight has shape {tuple(weight.shape)}; expected "
                          f"{rank + 2} dimensions")
-    if weight.dtype != input.dtype:
+    if weight.dtype != input.dtype and not mixed:
         raise TypeError(f"{op}: weight is {weight.dtype} but input is {input.dtype}; "
                         "expected one dtype")
     if bias is not None:
         _bridge.check_tensor(op, "bias", bias)
-        if bias.dtype != input.dtype:
+        if bias.dtype != input.dtype and not mixed:
             raise TypeError(f"{op}: bias is {bias.dtype} but input is {input.dtype}; "
                             "expected one dtype")
         if bias.dim() != 1:
@@ -69,11 +76,15 @@ def _inputs(op: str, rank: int, input, weight, bias) -> bool:
 
 
 def _add_bias(y: torch.Tensor, bias: torch.Tensor | None, op: str) -> torch.Tensor:
+    """y + bias per channel; under autocast in y's dtype (the autocast dtype), as torch's
+    convolutions add it there, not promoted to a float32 bias's."""
     if bias is None:
         return y
     if bias.shape[0] != y.shape[1]:
         raise ValueError(f"{op}: bias has {bias.shape[0]} values; expected {y.shape[1]}, one "
                          "per output channel")
+    if bias.dtype is not y.dtype and torch.is_autocast_enabled("cpu"):
+        bias = bias.to(y.dtype)
     return y + bias.view(1, -1, *[1] * (y.dim() - 2))
 
 
@@ -104,6 +115,15 @@ def _pads(op: str, padding, rank: int, kernel: Sequence[int], strides: Sequence[
     return pads, list(pads)
 
 
+def _one_dtype(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether the tensors' dtypes need no check: one for all, or under autocast (which
+    casts them all to its dtype) each one the kernels have."""
+    if weight.dtype is input.dtype and (bias is None or bias.dtype is input.dtype):
+        return True
+    return (torch.is_autocast_enabled("cpu") and weight.dtype in _bridge.DTYPES
+            and (bias is None or bias.dtype in _bridge.DTYPES))
+
+
 # The op arguments of a module's convolution by its attributes and kernel: checking
 # and expanding them costs as much as a small kernel, and a model repeats them.
 _conv_args: dict = {}
@@ -118,9 +138,9 @@ def _conv(rank: int, input, weight, bias, stride, padding, dilation, groups) -> 
             args = _conv_args.get(key)
         except TypeError:  # lists: checked every time
             key, args = None, None
-        if (args is not None and input.dtype is weight.dtype and input.dim() == rank + 2
-                and input.dtype in _bridge.DTYPES and input.is_cpu
-                and (bias is None or bias.dtype is input.dtype and bias.dim() == 1)):
+        if (args is not None and input.dim() == rank + 2 and input.dtype in _bridge.DTYPES
+                and input.is_cpu and _one_dtype(input, weight, bias)
+                and (bias is None or bias.dim() == 1)):
             y = dispatch("conv_transpose_backward_data", input, weight, *args)
             return _add_bias(y, bias, op)
     unbatched = _inputs(op, rank, input, weight, bias)

@@ -13,12 +13,20 @@ op.
 Every op has a fake implementation (for torch.compile and other tracing) and autograd:
 each op is linear in each of its two data inputs, and the gradients are again these
 ops, so gradients of gradients work too.
+
+Under `torch.autocast("cpu", dtype=...)` each op does what aten's convolutions do
+there (they are on CPU autocast's lower-precision list): its floating-point inputs
+are cast to the autocast dtype (bfloat16 or float16) and the op runs with autocast
+off, so its result has that dtype; autograd through the casts gives float32 leaves
+float32 gradients. The gradients themselves are not autocast (aten's
+convolution_backward is not either), also where backward() runs inside the region.
 """
 
 from __future__ import annotations
 
+import functools
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -92,6 +100,62 @@ def _define(spec: OpSpec):
 _ops = {name: _define(spec) for name, spec in SPECS.items()}
 
 
+# Autocast: one rule, aten's for an op of CPU autocast's lower-precision list, as each
+# op's AutocastCPU kernel and in dispatch()'s eager path. torch.library.register_autocast
+# would cast to one dtype fixed when registering; autocast's is chosen per region.
+
+_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+_autocast_enabled = torch.is_autocast_enabled
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` as CPU autocast casts an input of a lower-precision op: a floating-point CPU
+    tensor other than float64 in `dtype` (itself if it has it), anything else as is."""
+    if (isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype is not torch.float64
+            and t.device.type == "cpu"):
+        return t.to(dtype)
+    return t
+
+
+def _autocast_inputs(a, b) -> tuple:
+    """An op's two data inputs in the autocast dtype (where the rule casts them)."""
+    dtype = torch.get_autocast_dtype("cpu")
+    return _cast(a, dtype), _cast(b, dtype)
+
+
+def _no_autocast() -> torch._C._ExcludeDispatchKeyGuard:
+    """A context in which autocast is off for the CPU, as inside aten's autocast
+    kernels (torch.is_autocast_enabled("cpu") is False there); cheaper than
+    torch.autocast(enabled=False)."""
+    return torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU)
+
+
+def _autocast_kernel(op: torch._ops.OpOverload) -> Callable:
+    """The AutocastCPU kernel of `op`: its data inputs cast, then `op` without autocast."""
+    def kernel(keyset, a, b, *attrs):
+        with _no_autocast():
+            return op(*_autocast_inputs(a, b), *attrs)
+    return kernel
+
+
+_LIB = torch.library.Library("convgrad", "IMPL")  # lives as long as the ops
+for _name in _ops:
+    _LIB.impl(_name, _autocast_kernel(getattr(torch.ops.convgrad, _name).default),
+              "AutocastCPU", with_keyset=True)
+
+
+def _outside_autocast(backward: Callable) -> Callable:
+    """An autograd formula that runs with autocast off: backward() called inside an
+    autocast region would otherwise cast the gradients' ops (aten's are not)."""
+    @functools.wraps(backward)
+    def formula(ctx, grad):
+        if not torch.is_autocast_enabled("cpu"):
+            return backward(ctx, grad)
+        with torch.autocast("cpu", enabled=False):  # torch's own context: traceable
+            return backward(ctx, grad)
+    return formula
+
+
 # Autograd. Notation of one spatial axis: the forward convolution reads a size-Y tensor
 # with kernel k, stride s, dilation d and pads pb/pe, and gives X outputs.
 
@@ -118,6 +182,7 @@ def _setup(ctx, inputs, output) -> None:
     ctx.attrs = attrs
 
 
+@_outside_autocast
 def _backward_data(ctx, grad):
     """A data op: out (N, IC, Y) from diff_dst (N, OC, X) and weights (OC, IC/g, k)."""
     diff_dst, weights = ctx.saved_tensors
@@ -135,6 +200,7 @@ def _backward_data(ctx, grad):
     return grad_a, grad_b, None, None, None, None, None, None, None
 
 
+@_outside_autocast
 def _backward_weights(ctx, grad):
     """ConvolutionBackwardWeights: (OC, IC/g, k) from src (N, IC, Y), diff_dst (N, OC, X)."""
     src, diff_dst = ctx.saved_tensors
@@ -150,6 +216,7 @@ def _backward_weights(ctx, grad):
     return grad_a, grad_b, None, None, None, None, None, None
 
 
+@_outside_autocast
 def _backward_fwd(ctx, grad):
     """ConvTransposeBackwardData: (N, IC, X) from diff_dst (N, OC, Y), weights (IC, OC/g, k)."""
     diff_dst, weights = ctx.saved_tensors
@@ -166,6 +233,7 @@ def _backward_fwd(ctx, grad):
     return grad_a, grad_b, None, None, None, None, None
 
 
+@_outside_autocast
 def _backward_transpose_weights(ctx, grad):
     """ConvTransposeBackwardWeights: (IC, OC/g, k) from src (N, IC, X), diff_dst (N, OC, Y)."""
     src, diff_dst = ctx.saved_tensors
@@ -197,11 +265,15 @@ def dispatch(name: str, a: torch.Tensor, b: torch.Tensor, *attrs) -> torch.Tenso
     """Op `name` on (a, b) with the registered op's other arguments, by the cheapest
     path that keeps its meaning: the registered op (`torch.ops.convgrad.<name>`) when
     torch.compile traces or the tensors are fake, meta, subclasses or under a mode;
-    else an autograd.Function with the same gradients (when one of them needs a
+    else (inputs cast first under autocast, as the op's AutocastCPU kernel casts
+    them) an autograd.Function with the same gradients (when one of them needs a
     gradient), or the kernel itself. Python custom ops cost about 16 us a call (27 in
     grad mode), more than a small kernel; the autograd.Function about 6."""
     if torch.compiler.is_compiling() or not _plain(a, b):
         return _ops[name](a, b, *attrs)
+    if _autocast_enabled("cpu"):  # what the op's AutocastCPU kernel does
+        with _no_autocast():
+            return dispatch(name, *_autocast_inputs(a, b), *attrs)
     if _profiling():
         with torch.profiler.record_function(f"convgrad::{name}"):
             return _eager(name, a, b, attrs)
