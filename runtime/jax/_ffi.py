@@ -4,8 +4,9 @@ table of kernels it runs.
 The handler (templates/xla_ffi.c.j2) is plain C against the FFI C API header that
 jaxlib ships (`jax.ffi.include_dir()`). It is compiled into the kernel cache, keyed by
 its source, that header and the compiler, and loaded with ctypes; `jax.ffi` registers
-it as the custom-call target TARGET on the CPU. A kernel enters its table once
-(`kernel_index`) and a call names it by that index.
+it as the custom-call target TARGET on the CPU. Each call configuration (a kernel, its
+run-time sizes and its buffers' shapes) enters the handler's table once (`call_index`),
+and the custom call names it by that index.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from convgrad.kernels import Kernel, ffi
 TARGET = "convgrad_conv"
 _HEADER = Path("xla") / "ffi" / "api" / "c_api.h"
 _lock = threading.Lock()
-_indices: dict[int, int] = {}  # kernel address -> index in the handler's table
+_indices: dict[tuple, int] = {}  # a call's configuration -> its index in the table
 
 
 def _handler_source() -> tuple[str, str]:
@@ -81,7 +82,9 @@ def handler() -> ctypes.CDLL:
         path = _build(Path(tempfile.mkdtemp(prefix="convgrad-xla-")))
     library = ctypes.CDLL(str(path))
     library.convgrad_xla_register.restype = ctypes.c_int64
-    library.convgrad_xla_register.argtypes = [ctypes.c_void_p]
+    library.convgrad_xla_register.argtypes = [
+        ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64,
+        ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
     library.convgrad_xla_set_token.argtypes = [ctypes.c_int64]
     library.convgrad_xla_set_token(token())
     jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.convgrad_xla_conv),
@@ -95,17 +98,28 @@ def token() -> int:
     return secrets.randbits(62) + 1
 
 
-def kernel_index(kernel: Kernel) -> int:
-    """The index of `kernel` in the handler's table (registered the first time)."""
+def _int64s(values) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def call_index(kernel: Kernel, dims: tuple[int, ...], dtype: int, workspace: int,
+               shapes: tuple[tuple[int, ...], ...]) -> int:
+    """The index of a call configuration in the handler's table (registered the first
+    time): `kernel`, its convgrad_dims as DIMS_FIELDS integers, the XLA_FFI_DataType of
+    its buffers, its scratch bytes and the shapes of its a, b and out buffers."""
     address = int(ffi.cast("uintptr_t", kernel.function))
-    index = _indices.get(address)
+    key = (address, dims, dtype, workspace, shapes)
+    index = _indices.get(key)
     if index is None:
         library = handler()
+        flat = [v for shape in shapes for v in (len(shape), *shape)]
         with _lock:
-            index = _indices.get(address)
+            index = _indices.get(key)
             if index is None:
-                index = library.convgrad_xla_register(address)
+                index = library.convgrad_xla_register(address, _int64s(dims), dtype,
+                                                      workspace, _int64s(flat), len(flat))
                 if index < 0:
-                    raise RuntimeError("convgrad.jax: the FFI handler's kernel table is full")
-                _indices[address] = index
+                    raise RuntimeError("convgrad.jax: the FFI handler could not register a "
+                                       "call (its table of 65536 calls is full)")
+                _indices[key] = index
     return index

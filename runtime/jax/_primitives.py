@@ -130,22 +130,18 @@ def _ffi_call(a, b, *, conv: Conv):
     kernel = _kernel_or_none(call)
     if kernel is None:
         return lax_equivalent(a, b, conv)
-    index = _ffi.kernel_index(kernel)
     first, second = (b, a) if call.swap else (a, b)
     out_shape = call.problem.output_shape
     d = call.dims
-    dims = np.array([d.batch, *d.src[0:3], *d.dst[0:3], *d.pads_begin[0:3], d.num_threads],
-                    dtype=np.int64)
-    assert dims.size == DIMS_FIELDS
-    shapes = np.array([len(first.shape), *first.shape, len(second.shape), *second.shape,
-                       len(out_shape), *out_shape], dtype=np.int64)
+    dims = (d.batch, *d.src[0:3], *d.dst[0:3], *d.pads_begin[0:3], d.num_threads)
+    assert len(dims) == DIMS_FIELDS
+    index = _ffi.call_index(kernel, dims, _XLA_DTYPES[call.config.dtype],
+                            call.workspace_bytes, (first.shape, second.shape, out_shape))
     results = (jax.ShapeDtypeStruct(out_shape, a.dtype),
                jax.ShapeDtypeStruct((max(call.workspace_bytes, 1),), jnp.uint8))
     log.debug("convgrad.jax: %s runs kernel %s", conv.kind, kernel.name)
     out, _ = jax.ffi.ffi_call(_ffi.TARGET, results)(
-        first, second, kernel=np.int64(index), token=np.int64(_ffi.token()),
-        dtype=np.int64(_XLA_DTYPES[call.config.dtype]), dims=dims, shapes=shapes,
-        workspace=np.int64(call.workspace_bytes))
+        first, second, call=np.int64(index), token=np.int64(_ffi.token()))
     return out
 
 
@@ -207,20 +203,20 @@ def _batch(kind: str):
 
     def rule(args, dims, *, conv):
         (a, b), (da, db) = args, dims
-        size = a.shape[da] if da is not batching.not_mapped else b.shape[db]
-        if kind != WEIGHTS and db is batching.not_mapped:
+        size = a.shape[da] if da is not None else b.shape[db]
+        if kind != WEIGHTS and db is None:
             a = jnp.moveaxis(a, da, 0)
             out = bind(a.reshape(size * a.shape[1], *a.shape[2:]), b, conv)
             return out.reshape(size, a.shape[1], *out.shape[1:]), 0
-        a = a if da is batching.not_mapped else jnp.moveaxis(a, da, 0)
-        b = b if db is batching.not_mapped else jnp.moveaxis(b, db, 0)
+        a = a if da is None else jnp.moveaxis(a, da, 0)
+        b = b if db is None else jnp.moveaxis(b, db, 0)
 
         def one(operands):
             x, y = operands
             return bind(a if x is None else x, b if y is None else y, conv)
 
-        mapped = (None if da is batching.not_mapped else a,
-                  None if db is batching.not_mapped else b)
+        mapped = (None if da is None else a,
+                  None if db is None else b)
         return lax.map(one, mapped), 0
 
     return rule
