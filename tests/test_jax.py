@@ -379,3 +379,42 @@ def test_import_without_jax_names_the_extra():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             cwd=ROOT, check=True)
     assert "convgrad[jax]" in result.stdout
+
+
+# --- accuracy ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layer", [
+    ((4, 14, 14, 64), (3, 3, 64, 64), (1, 1), "SAME", 1),
+    ((4, 14, 14, 32), (3, 3, 1, 32), (2, 2), "SAME", 32),
+])
+def test_gradient_error_against_float64_at_most_twice_lax(layer):
+    """On random float32 data, each of the forward result and the two gradients is at most
+    twice as far from the float64 result as lax's float32 one."""
+    lhs, rhs, strides, padding, groups = layer
+    dn = ("NHWC", "HWIO", "NHWC")
+    rng = np.random.default_rng(9)
+    x64, w64 = rng.standard_normal(lhs), rng.standard_normal(rhs)
+    out_shape = jax.eval_shape(lambda x, w: lax.conv_general_dilated(
+        x, w, strides, padding, dimension_numbers=dn, feature_group_count=groups),
+        jnp.zeros(lhs), jnp.zeros(rhs)).shape
+    ct64 = rng.standard_normal(out_shape)
+
+    def results(conv, x, w, ct):
+        fn = lambda x, w: conv(x, w, strides, padding, dimension_numbers=dn,  # noqa: E731
+                               feature_group_count=groups)
+        return jax.jit(lambda x, w, ct: _loss_grads(fn, x, w, ct))(x, w, ct)
+
+    with jax.enable_x64(True):
+        exact = [np.asarray(r) for r in results(lax.conv_general_dilated, jnp.asarray(x64),
+                                                jnp.asarray(w64), jnp.asarray(ct64))]
+    f32 = [jnp.asarray(v, jnp.float32) for v in (x64, w64, ct64)]
+    ours = results(cj.conv_general_dilated, *f32)
+    theirs = results(lax.conv_general_dilated, *f32)
+    assert primitives(lambda x, w: cj.conv_general_dilated(
+        x, w, strides, padding, dimension_numbers=dn, feature_group_count=groups), *f32[:2])
+    for name, e, o, t in zip(("forward", "input gradient", "weight gradient"), exact, ours,
+                             theirs, strict=True):
+        scale = np.abs(e).max()
+        ours_error = np.abs(np.asarray(o, np.float64) - e).max() / scale
+        lax_error = np.abs(np.asarray(t, np.float64) - e).max() / scale
+        assert ours_error <= 2 * lax_error + 1e-7, (name, ours_error, lax_error)
