@@ -5,6 +5,7 @@ the same model converted to convgrad (`convgrad.torch.convert`), in one process.
                                     [--threads 1,2] [--batch N] [--size N] [--frames N]
                                     [--width 64] [--blocks 2,2,2,2]
                                     [--memory-format channels_last|contiguous]
+                                    [--autocast bf16|f16] [--compile] [--ddp 2]
                                     [--min-time 3] [--warmup 2] [--out DIR]
 
 The models (benchmarks/models.py, written after torchvision's architectures):
@@ -43,6 +44,14 @@ step against the same model's in float64 ("grad err torch/ours": in a deep net w
 BatchNorm, rounding differences grow from layer to layer, so the two libraries differ
 from each other by more than either differs from float64 on one layer). Results also
 go to results.csv and results.json in --out.
+
+--autocast bf16|f16 runs both float32 models' steps under torch.autocast("cpu", ...)
+(the mixed precision PyTorch users train with; --dtype is then f32); --compile runs
+both through torch.compile (its first step compiles the graph: "first step" then
+includes it); --ddp N runs each model under DistributedDataParallel on N processes
+(gloo on loopback, --threads threads each, one shared kernel cache, compile_kernels on
+every rank at once), both models' steps in turn on every rank, and reports rank 0's
+medians.
 """
 
 from __future__ import annotations
@@ -104,14 +113,25 @@ class Row:
     convgrad_grad_err: float
     torch_copies: int  # aten::copy_ calls in one step (after warm-up)
     convgrad_copies: int
+    autocast: str = ""  # the torch.autocast dtype both steps ran under ("": none)
+    compiled: bool = False  # both models through torch.compile
+    ranks: int = 1  # DistributedDataParallel processes (1: none)
 
 
-def make_step(model: nn.Module, x: torch.Tensor, labels: torch.Tensor
-              ) -> Callable[[], torch.Tensor]:
+AUTOCAST = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def make_step(model: nn.Module, x: torch.Tensor, labels: torch.Tensor,
+              autocast: str | None = None) -> Callable[[], torch.Tensor]:
+    """One training step of `model` (gradients reset, forward, loss, backward), under
+    torch.autocast("cpu", AUTOCAST[autocast]) where `autocast` is given."""
+    dtype = AUTOCAST.get(autocast, torch.bfloat16)
+
     def step() -> torch.Tensor:
         for p in model.parameters():
             p.grad = None
-        loss = nn.functional.cross_entropy(model(x), labels)
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast is not None):
+            loss = nn.functional.cross_entropy(model(x), labels)
         loss.backward()
         return loss.detach()
     return step
@@ -176,8 +196,11 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
         raise SystemExit(f"convert left modules alone:\n{report}")
     x = torch.randn(shape).to(dtype=dtype, memory_format=fmt)
     labels = torch.randint(0, classes(name), (shape[0],))
-    step_torch = make_step(reference, x, labels)
-    step_ours = make_step(converted, x, labels)
+    run_torch, run_ours = reference, converted
+    if args.compile:
+        run_torch, run_ours = torch.compile(reference), torch.compile(converted)
+    step_torch = make_step(run_torch, x, labels, args.autocast)
+    step_ours = make_step(run_ours, x, labels, args.autocast)
 
     if args.cold_cache:  # a new kernel cache for this row: the first step a new user sees
         os.environ["CONVGRAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="convgrad-train-step-")
@@ -210,18 +233,21 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
                round(t_torch * 1e3, 3), n_torch, round(t_ours * 1e3, 3), n_ours,
                round(t_torch / t_ours, 3), round(first * 1e3, 1), len(steps),
                round(second * 1e3, 1), round(sum(steps), 2), *errors,
-               copies_torch, copies_ours)
+               copies_torch, copies_ours, args.autocast or "", args.compile)
 
 
 def table(rows: list[Row]) -> str:
-    header = (f"{'model':<16}{'dtype':<6}{'threads':>8}{'torch.nn ms':>13}{'convgrad ms':>13}"
+    header = (f"{'model':<16}{'dtype':<10}{'threads':>8}{'torch.nn ms':>13}{'convgrad ms':>13}"
               f"{'ratio':>8}{'first step ms':>15}{'2nd step ms':>13}{'switched':>10}{'after s':>9}"
               f"{'grad err torch/ours':>21}"
               f"{'copies torch/ours':>19}")
     lines = [header, "-" * len(header)]
     for r in rows:
         copies = f"{r.torch_copies}/{r.convgrad_copies}"
-        lines.append(f"{r.model:<16}{r.dtype:<6}{r.threads:>8}{r.torch_ms:>13.1f}"
+        dtype = f"amp-{r.autocast}" if r.autocast else r.dtype
+        if r.compiled:
+            dtype += "+c"
+        lines.append(f"{r.model:<16}{dtype:<10}{r.threads:>8}{r.torch_ms:>13.1f}"
                      f"{r.convgrad_ms:>13.1f}{r.ratio:>8.2f}{r.convgrad_first_step_ms:>15.0f}"
                      f"{r.convgrad_second_step_ms:>13.0f}{r.switched_at_step:>10}"
                      f"{r.switched_after_s:>9.1f}"
@@ -261,6 +287,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--memory-format", default="channels_last",
                         choices=["channels_last", "contiguous"],
                         help="default channels_last (channels_last_3d for videos)")
+    parser.add_argument("--autocast", choices=list(AUTOCAST),
+                        help="run both float32 models under torch.autocast('cpu', dtype) "
+                             "(--dtype must be f32)")
+    parser.add_argument("--compile", action="store_true",
+                        help="run both models through torch.compile")
     parser.add_argument("--min-time", type=float, default=3.0,
                         help="seconds of timed steps per model and setting (default 3)")
     parser.add_argument("--cold-cache", action="store_true",
@@ -277,6 +308,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if any(d not in DTYPES for d in args.dtype):
         parser.error(f"--dtype {args.dtype}: expected a subset of {list(DTYPES)}")
+    if args.autocast and args.dtype != ["f32"]:
+        parser.error("--autocast runs float32 models: give --dtype f32")
     if any(m not in MODELS for m in args.model):
         parser.error(f"--model {args.model}: expected a subset of {list(MODELS)}")
     if (args.width is not None or args.blocks is not None) and "resnet18" not in args.model:
