@@ -236,6 +236,32 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
                copies_torch, copies_ours, args.autocast or "", args.compile)
 
 
+def measure_ddp(name: str, dtype_name: str, threads: int, args: argparse.Namespace) -> Row:
+    """The row of `name` under DistributedDataParallel on --ddp ranks (ddp_step.py)."""
+    import ddp_step
+
+    shape = input_shape(name, args.batch, args.size, args.frames)
+    fmt_name = args.memory_format
+    if fmt_name == "channels_last" and len(shape) == 5:
+        fmt_name = "channels_last_3d"
+    options = {}
+    if name == "resnet18":
+        options = {k: v for k, v in (("width", args.width), ("blocks", args.blocks))
+                   if v is not None}
+    setting = ddp_step.Setting(name, dtype_name, threads, args.ddp, tuple(shape),
+                               classes(name), fmt_name, args.autocast, args.min_time,
+                               args.warmup, ddp_step.free_port(), tuple(options.items()))
+    r = ddp_step.measure(setting)
+    if r.weights_spread:
+        print(f"  warning: the ranks' converted weights differ by up to {r.weights_spread:g}")
+    nan = float("nan")
+    return Row(name, dtype_name, threads, shape[0], shape[-1],
+               shape[2] if len(shape) == 5 else None, fmt_name, r.torch_ms, r.torch_steps,
+               r.convgrad_ms, r.convgrad_steps, round(r.torch_ms / r.convgrad_ms, 3),
+               r.first_step_ms, 1, nan, r.compile_kernels_s, nan, nan, 0, 0,
+               args.autocast or "", False, args.ddp)
+
+
 def table(rows: list[Row]) -> str:
     header = (f"{'model':<16}{'dtype':<10}{'threads':>8}{'torch.nn ms':>13}{'convgrad ms':>13}"
               f"{'ratio':>8}{'first step ms':>15}{'2nd step ms':>13}{'switched':>10}{'after s':>9}"
@@ -247,6 +273,8 @@ def table(rows: list[Row]) -> str:
         dtype = f"amp-{r.autocast}" if r.autocast else r.dtype
         if r.compiled:
             dtype += "+c"
+        if r.ranks > 1:
+            dtype += f"x{r.ranks}"
         lines.append(f"{r.model:<16}{dtype:<10}{r.threads:>8}{r.torch_ms:>13.1f}"
                      f"{r.convgrad_ms:>13.1f}{r.ratio:>8.2f}{r.convgrad_first_step_ms:>15.0f}"
                      f"{r.convgrad_second_step_ms:>13.0f}{r.switched_at_step:>10}"
@@ -292,6 +320,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(--dtype must be f32)")
     parser.add_argument("--compile", action="store_true",
                         help="run both models through torch.compile")
+    parser.add_argument("--ddp", type=int, default=1, metavar="N",
+                        help="run under DistributedDataParallel on N processes (gloo, "
+                             "--threads threads each; default 1: no DDP)")
     parser.add_argument("--min-time", type=float, default=3.0,
                         help="seconds of timed steps per model and setting (default 3)")
     parser.add_argument("--cold-cache", action="store_true",
@@ -308,6 +339,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if any(d not in DTYPES for d in args.dtype):
         parser.error(f"--dtype {args.dtype}: expected a subset of {list(DTYPES)}")
+    if args.ddp < 1 or (args.ddp > 1 and args.compile):
+        parser.error("--ddp must be positive, and is not combined with --compile")
     if args.autocast and args.dtype != ["f32"]:
         parser.error("--autocast runs float32 models: give --dtype f32")
     if any(m not in MODELS for m in args.model):
@@ -341,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}{shaped}, input {shape}", flush=True)
         for dtype in args.dtype:
             for threads in args.threads:
-                rows.append(measure(name, dtype, threads, args))
+                run = measure_ddp if args.ddp > 1 else measure
+                rows.append(run(name, dtype, threads, args))
                 print(f"  {dtype} {threads} thread(s): torch.nn {rows[-1].torch_ms:.1f} ms, "
                       f"convgrad {rows[-1].convgrad_ms:.1f} ms", flush=True)
     print()
