@@ -30,6 +30,18 @@ def test_readme_pytorch_example_runs(capsys):
     assert all(p.grad is not None for p in namespace["model"].parameters())
 
 
+def test_readme_jax_example_runs(capsys):
+    pytest.importorskip("jax")
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## JAX: `convgrad.jax`", 1)[1]
+    example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    printed = capsys.readouterr().out
+    assert "(3, 3, 64, 64)" in printed
+    assert "convgrad ConvTransposeBackwardData (NXC, XIO weights)" in printed
+
+
 DOCS = ["README.md", "benchmarks/results/README.md", *(f"docs/{p.name}" for p in
         sorted((Path(__file__).resolve().parent.parent / "docs").glob("*.md")))]
 
