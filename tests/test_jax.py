@@ -418,3 +418,38 @@ def test_gradient_error_against_float64_at_most_twice_lax(layer):
         ours_error = np.abs(np.asarray(o, np.float64) - e).max() / scale
         lax_error = np.abs(np.asarray(t, np.float64) - e).max() / scale
         assert ours_error <= 2 * lax_error + 1e-7, (name, ours_error, lax_error)
+
+
+SANITIZED = textwrap.dedent("""
+    import numpy as np, jax, jax.numpy as jnp
+    from jax import lax
+    import convgrad.jax as cj
+    rng = np.random.default_rng(0)
+    dn = ("NHWC", "HWIO", "NHWC")
+    for lhs, rhs, s, p, ld, g in [((2, 7, 7, 4), (3, 3, 2, 6), (2, 2), "SAME", None, 2),
+                                   ((2, 5, 5, 4), (3, 3, 4, 6), (1, 1), [(2, 1), (1, 2)],
+                                    (2, 2), 1)]:
+        x = jnp.asarray(rng.integers(-3, 4, lhs).astype(np.float32))
+        w = jnp.asarray(rng.integers(-3, 4, rhs).astype(np.float32))
+        f = lambda x, w: (cj.conv_general_dilated(x, w, s, p, ld, None, dn, g) ** 2).sum()
+        r = lambda x, w: (lax.conv_general_dilated(x, w, s, p, ld, None, dn, g) ** 2).sum()
+        got, expected = jax.jit(jax.grad(f, (0, 1)))(x, w), jax.grad(r, (0, 1))(x, w)
+        assert all(np.array_equal(np.asarray(a), np.asarray(b))
+                   for a, b in zip(got, expected))
+    print("ok")
+""")
+
+
+def test_handler_and_kernels_clean_under_sanitizers(tmp_path):
+    """The FFI handler and the kernels built with AddressSanitizer and UBSan
+    (CONVGRAD_SANITIZE=1) run a jitted step: any bad access aborts the child."""
+    from test_sanitizers import ASAN, UBSAN
+
+    if ASAN is None or UBSAN is None:
+        pytest.skip("the C compiler has no AddressSanitizer or UBSan runtime")
+    env = {**os.environ, "CONVGRAD_SANITIZE": "1", "LD_PRELOAD": f"{ASAN} {UBSAN}",
+           "ASAN_OPTIONS": "detect_leaks=0", "CONVGRAD_CACHE_DIR": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, "-c", SANITIZED], capture_output=True,
+                            text=True, env=env, timeout=600, check=False)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    assert list((tmp_path / "cache" / "xla_ffi").glob("*.so"))  # the sanitized handler

@@ -26,7 +26,12 @@ from filelock import FileLock
 
 from convgrad import cache as kernel_cache
 from convgrad.codegen.render import render_xla_handler
-from convgrad.compiler import CompileError, compiler_command, compiler_identity
+from convgrad.compiler import (
+    SANITIZE_FLAGS,
+    CompileError,
+    compiler_command,
+    compiler_identity,
+)
 from convgrad.kernels import Kernel, ffi
 
 TARGET = "convgrad_conv"
@@ -35,12 +40,22 @@ _lock = threading.Lock()
 _indices: dict[tuple, int] = {}  # a call's configuration -> its index in the table
 
 
+def _flags() -> list[str]:
+    """The handler's compile flags (CONVGRAD_SANITIZE=1: with the kernels' sanitizers)."""
+    flags = ["-O2", "-std=gnu11", "-fPIC", "-shared", "-Wl,-z,nodelete"]
+    if os.environ.get("CONVGRAD_SANITIZE") == "1":
+        flags += SANITIZE_FLAGS
+    return flags
+
+
 def _handler_source() -> tuple[str, str]:
-    """The handler's C and the key of its build (source, jaxlib's header, compiler)."""
+    """The handler's C and the key of its build (source, jaxlib's header, compiler,
+    flags)."""
     source = render_xla_handler()
     header = (Path(jax.ffi.include_dir()) / _HEADER).read_bytes()
     digest = hashlib.sha256()
-    for part in (source.encode(), header, compiler_identity().encode()):
+    for part in (source.encode(), header, compiler_identity().encode(),
+                 " ".join(_flags()).encode()):
         digest.update(part)
         digest.update(b"\0")
     return source, digest.hexdigest()[:20]
@@ -59,9 +74,8 @@ def _build(folder: Path) -> Path:
             c_file = Path(tmp) / "convgrad_xla_ffi.c"
             c_file.write_text(source)
             built = Path(tmp) / "handler.so"
-            command = [*compiler_command(), "-O2", "-std=gnu11", "-fPIC", "-shared",
-                       "-Wl,-z,nodelete", "-I", jax.ffi.include_dir(), "-o", str(built),
-                       str(c_file)]
+            command = [*compiler_command(), *_flags(), "-I", jax.ffi.include_dir(), "-o",
+                       str(built), str(c_file)]
             result = subprocess.run(command, capture_output=True, text=True, check=False)
             if result.returncode:
                 raise CompileError(f"compiling convgrad's XLA FFI handler failed "
