@@ -46,7 +46,8 @@ Outputs: a table (layer, op, threads, lax ms, convgrad ms, ratio = lax ms / conv
 (above 1: convgrad is faster), the largest |convgrad - lax| relative to the largest
 |lax|, the path) and the geometric mean of the ratios per op and thread count over the
 rows that ran convgrad's kernel, on stdout; results.csv and results.json (with the
-machine: CPU model, jax version, threads, dtype, layout) in --out.
+machine: CPU model, jax version, threads, dtype, layout) and table.txt (the command and
+what it printed) in --out.
 """
 
 from __future__ import annotations
@@ -575,21 +576,24 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = [Row(**r) for result in results for r in result["rows"]]
     machine = results[0]["machine"]
-    print(f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; jax {machine['jax']}, "
-          f"convgrad {machine['convgrad_generator']} ({machine['isa']})")
-    print(f"batch {args.batch}, {args.dtype}, {args.layout}; ratio = lax ms / convgrad ms "
-          "(above 1: convgrad is faster); rel diff = max |convgrad - lax| / max |lax|\n")
-    print(table(rows))
     means = geomeans(rows)
-    print("\ngeometric mean of ratios (lax ms / convgrad ms), rows that ran convgrad:")
+    report = [f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; jax "
+              f"{machine['jax']}, convgrad {machine['convgrad_generator']} ({machine['isa']})",
+              f"batch {args.batch}, {args.dtype}, {args.layout}; ratio = lax ms / convgrad ms "
+              "(above 1: convgrad is faster); rel diff = max |convgrad - lax| / max |lax|", "",
+              table(rows), "",
+              "geometric mean of ratios (lax ms / convgrad ms), rows that ran convgrad:"]
     for m in means:
         once = f" ({m['lax_timed_once']} with lax timed once)" if m["lax_timed_once"] else ""
-        print(f"  {m['op']:8} {m['threads']} thread(s): {m['geomean_ratio']:.3f} over "
-              f"{m['layers']} layers{once}")
+        report.append(f"  {m['op']:8} {m['threads']} thread(s): {m['geomean_ratio']:.3f} over "
+                      f"{m['layers']} layers{once}")
     others = [r for r in rows if not r.ran_convgrad]
     if others:
-        print(f"{len(others)} rows did not run convgrad's kernel (left out of the means)")
+        report.append(f"{len(others)} rows did not run convgrad's kernel (left out of the "
+                      "means)")
+    print("\n".join(report))
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.txt").write_text(command + "\n\n" + "\n".join(report) + "\n")
     with (args.out / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[field.name for field in fields(Row)])
         writer.writeheader()
@@ -602,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
          "kernels": [{"threads": r["threads"]["threads"], "calls": r["kernel_calls"],
                       "seconds": r["kernels_s"]} for r in results],
          "geomean": means, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
-    print(f"\nwrote results.csv, results.json to {args.out}")
+    print(f"\nwrote table.txt, results.csv, results.json to {args.out}")
     mismatches = [r for r in rows if r.note.startswith("MISMATCH")]
     return 1 if mismatches else 0
 

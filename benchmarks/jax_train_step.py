@@ -39,7 +39,7 @@ largest difference of any convolution weight's gradient relative to its largest 
 is reported (with bf16, also each library's against the same step in float32, lax's
 on the same rounded parameters and batch). Threads as in benchmarks/jax_ops.py:
 convgrad.set_num_threads(n) and PJRT_NPROC=n (XLA's CPU thread pool, sized once per
-process). Results also go to results.csv and results.json in --out.
+process). Results also go to results.csv, results.json and table.txt in --out.
 """
 
 from __future__ import annotations
@@ -474,15 +474,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     rows = [Row(**r) for result in results for r in result["rows"]]
     machine = results[0]["machine"]
-    print(f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; jax {machine['jax']}, "
-          f"convgrad {machine['convgrad_generator']} ({machine['isa']})\n")
-    print(table(rows))
-    print("ratio = lax ms / convgrad ms (above 1: convgrad's step is faster); 1st: the first "
-          "step (trace, XLA compile, run), convgrad's after its kernels were built; diffs: "
-          "convgrad against lax (losses, gradient norms, worst convolution weight "
-          "gradient; with bf16 each library's against float32's); convs: convgrad calls "
-          "in the step's HLO / the model's convolutions")
+    report = "\n".join([
+        f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; jax {machine['jax']}, "
+        f"convgrad {machine['convgrad_generator']} ({machine['isa']})", "", table(rows),
+        "ratio = lax ms / convgrad ms (above 1: convgrad's step is faster); 1st: the first "
+        "step (trace, XLA compile, run), convgrad's after its kernels were built;",
+        "diffs: convgrad against lax (losses, gradient norms, worst convolution weight "
+        "gradient; with bf16 each library's against float32's); convs: convgrad calls in "
+        "the step's HLO / the model's convolutions"])
+    print(report)
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "table.txt").write_text(f"{command}\n\n{report}\n")
     with (args.out / "results.csv").open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=[field.name for field in fields(Row)])
         writer.writeheader()

@@ -43,6 +43,7 @@ def test_ops_benchmark_writes_table_csv_and_json(tmp_path, capsys, layer, layout
     assert jax_ops.main(argv) == 0
     printed = capsys.readouterr().out
     assert "lax ms" in printed and "convgrad ms" in printed and "geometric mean" in printed
+    assert "geometric mean" in (tmp_path / "table.txt").read_text()
     with (tmp_path / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert set(rows[0]) >= OPS_COLUMNS
@@ -116,6 +117,7 @@ def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
     assert status == 0
     printed = capsys.readouterr().out
     assert "lax ms" in printed and "convgrad ms" in printed
+    assert "convgrad ms" in (tmp_path / "table.txt").read_text()
     with (tmp_path / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["model"], r["dtype"], r["threads"]) for r in rows] == [
