@@ -182,6 +182,15 @@ def test_equinox_convert_equals_equinox(name):
     assert not kernel_primitives(eqx.filter_make_jaxpr(results)(layer, x)[0])
 
 
+def test_equinox_missing_says_how_to_install(monkeypatch):
+    import importlib
+
+    monkeypatch.setitem(sys.modules, "equinox", None)  # import equinox raises ImportError
+    monkeypatch.delitem(sys.modules, "convgrad.jax.equinox", raising=False)
+    with pytest.raises(ImportError, match="pip install equinox"):
+        importlib.import_module("convgrad.jax.equinox")
+
+
 def test_equinox_convert_model():
     """A whole model: only Equinox's own conv layers change, nothing else does, and
     converting again changes nothing more."""
