@@ -2,7 +2,9 @@
 
 ``resolve`` is the one place where attributes are validated, pads are computed
 and shapes are inferred. It works on integers only (no arrays), so the runtime,
-the AOT command and ``infer_shape`` share it.
+the AOT command and ``infer_shape`` share it. Its arithmetic is that of
+``convgrad.codegen.shapes``, which the front ends (convgrad.torch's fake
+implementations and autograd formulas, convgrad.jax's transposes) call too.
 """
 
 from __future__ import annotations
@@ -14,11 +16,21 @@ from functools import cached_property
 
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.rules_problem import swaps_operands
+from convgrad.codegen.shapes import (
+    conv_output_spatial,
+    extent,
+    join_data,
+    join_weights,
+    split_data,
+    split_weights,
+    tf_same_pads,
+    transposed_output_spatial,
+    transposed_same_pads,
+)
 
 # Sizes, pads and strides are passed to C as int64 and multiplied there; bounding
 # them keeps every index computation far from overflow.
 MAX_EXTENT = 2**31 - 1
-
 
 
 @dataclass(frozen=True)
@@ -174,18 +186,6 @@ def _choice(op: str, name: str, value, allowed: Sequence[str]) -> str:
     return value
 
 
-def tf_same_pads(size: int, extent: int, stride: int, upper: bool) -> tuple[int, int]:
-    """TensorFlow-style SAME padding of an input of `size` (SEMANTICS.md)."""
-    total = max(extent - (size % stride if size % stride else stride), 0)
-    begin = total // 2 if upper else (total + 1) // 2
-    return begin, total - begin
-
-
-def conv_output_size(size: int, extent: int, stride: int, pb: int, pe: int) -> int:
-    """Outputs of a forward convolution over `size` inputs (may be <= 0)."""
-    return (size + pb + pe - extent) // stride + 1
-
-
 @dataclass(frozen=True)
 class _Attrs:
     strides: tuple[int, ...]
@@ -236,51 +236,39 @@ def _normalize(spec: OpSpec, attrs: Mapping, rank: int) -> _Attrs:
 
 
 class _Layout:
-    """Splits and joins tensor shapes in the user's formats."""
+    """Splits and joins tensor shapes in the user's formats (shapes.split_data and
+    friends), checking ranks and sizes."""
 
     def __init__(self, spec: OpSpec, attrs: _Attrs, rank: int):
         self.op = spec.kind
         self.rank = rank
-        self.channels_last = attrs.data_format == "NXC"
+        self.data_format = attrs.data_format
         # Weights in forward-problem terms: (O, I/g, k...), (k..., I/g, O) or (O, k..., I/g).
-        self.weights_spatial_first = attrs.weights_format in ("XIO", "XOI")
-        self.weights_spatial_inner = attrs.weights_format in ("OXI", "IXO")
+        self.weights_format = attrs.weights_format
 
     def split_data(self, name: str, shape: Sequence[int]) -> tuple[int, int, tuple[int, ...]]:
         if len(shape) != self.rank + 2:
             _fail(self.op, f"{name} rank", len(shape), f"{self.rank + 2} (the data rank)")
-        if self.channels_last:
-            n, spatial, c = shape[0], tuple(shape[1:-1]), shape[-1]
-        else:
-            n, c, spatial = shape[0], shape[1], tuple(shape[2:])
+        n, c, spatial = split_data(shape, self.data_format)
         if c == 0 or 0 in spatial:
             _fail(self.op, f"{name} shape", tuple(shape),
                   "non-zero channel and spatial dimensions")
         return n, c, spatial
 
     def join_data(self, n: int, c: int, spatial: Sequence[int]) -> tuple[int, ...]:
-        return (n, *spatial, c) if self.channels_last else (n, c, *spatial)
+        return join_data(n, c, spatial, self.data_format)
 
     def split_weights(self, name: str, shape: Sequence[int]) -> tuple[int, int, tuple[int, ...]]:
         """(O, I/g, kernel) of a weights shape, in the forward problem's terms."""
         if len(shape) != self.rank + 2:
             _fail(self.op, f"{name} rank", len(shape), f"{self.rank + 2} (the data rank)")
-        if self.weights_spatial_first:
-            kernel, i_g, o = tuple(shape[:-2]), shape[-2], shape[-1]
-        elif self.weights_spatial_inner:
-            o, kernel, i_g = shape[0], tuple(shape[1:-1]), shape[-1]
-        else:
-            o, i_g, kernel = shape[0], shape[1], tuple(shape[2:])
+        o, i_g, kernel = split_weights(shape, self.weights_format)
         if 0 in shape:
             _fail(self.op, f"{name} shape", tuple(shape), "no zero-sized dimension")
         return o, i_g, kernel
 
     def join_weights(self, o: int, i_g: int, kernel: Sequence[int]) -> tuple[int, ...]:
-        if self.weights_spatial_first:
-            return (*kernel, i_g, o)
-        if self.weights_spatial_inner:
-            return (o, *kernel, i_g)
-        return (o, i_g, *kernel)
+        return join_weights(o, i_g, kernel, self.weights_format)
 
 
 def _shape_value(op: str, name: str, value, rank: int) -> list[int]:
@@ -311,27 +299,20 @@ def _divisible(op: str, what: str, channels: int, groups: int) -> None:
         _fail(op, "groups", groups, f"a divisor of the {channels} {what} channels")
 
 
-def _extent(k: int, d: int) -> int:
-    return d * (k - 1) + 1
-
-
 def _pads_for_input(attrs: _Attrs, size: Sequence[int], kernel: Sequence[int]):
     """Pads of a forward convolution reading `size`: rules 2 (with shape), 3, 4 and 5."""
     if attrs.auto_pad == "none":
         return attrs.pads_begin, attrs.pads_end
     if attrs.auto_pad == "valid":
         return (0,) * len(size), (0,) * len(size)
-    pads = [tf_same_pads(y, _extent(k, d), s, attrs.auto_pad == "same_upper")
+    pads = [tf_same_pads(y, extent(k, d), s, attrs.auto_pad == "same_upper")
             for y, k, s, d in zip(size, kernel, attrs.strides, attrs.dilations, strict=True)]
     return tuple(p[0] for p in pads), tuple(p[1] for p in pads)
 
 
 def _check_dst(op: str, name: str, dst: Sequence[int], src: Sequence[int], kernel, attrs,
                pb, pe, source: str) -> None:
-    expected = tuple(
-        conv_output_size(y, _extent(k, d), s, b, e)
-        for y, k, s, d, b, e in zip(src, kernel, attrs.strides, attrs.dilations, pb, pe,
-                                    strict=True))
+    expected = tuple(conv_output_spatial(src, kernel, attrs.strides, attrs.dilations, pb, pe))
     if tuple(dst) != expected:
         _fail(op, f"{name} spatial shape", tuple(dst),
               f"{expected} from {source}, strides, dilations and pads")
@@ -340,18 +321,15 @@ def _check_dst(op: str, name: str, dst: Sequence[int], src: Sequence[int], kerne
 def _bwd_data_spatial(spec: OpSpec, attrs: _Attrs, dst: Sequence[int], kernel, shape):
     """Result size and pads of the backward-data ops (SEMANTICS.md rules 1 and 2)."""
     rank = len(dst)
-    extents = [_extent(k, d) for k, d in zip(kernel, attrs.dilations, strict=True)]
     if spec.kind == "ConvolutionBackpropData":
         if shape is not None:
             if attrs.auto_pad in ("same_upper", "same_lower"):
-                pb, pe = [], []
-                for x, y, kk, s, p in zip(dst, shape, extents, attrs.strides,
-                                          attrs.output_padding, strict=True):
-                    total = max(s * (x - 1) + kk - y + p, 0)
-                    end = total // 2 if attrs.auto_pad == "same_upper" else total - total // 2
-                    pb.append(total - end)
-                    pe.append(end)
-                return tuple(shape), tuple(pb), tuple(pe)
+                pads = [transposed_same_pads(x, y, extent(k, d), s, p,
+                                             attrs.auto_pad == "same_upper")
+                        for x, y, k, d, s, p in zip(dst, shape, kernel, attrs.dilations,
+                                                    attrs.strides, attrs.output_padding,
+                                                    strict=True)]
+                return tuple(shape), tuple(p[0] for p in pads), tuple(p[1] for p in pads)
             if attrs.auto_pad == "valid":
                 return tuple(shape), (0,) * rank, (0,) * rank
             return tuple(shape), attrs.pads_begin, attrs.pads_end
@@ -373,8 +351,8 @@ def _bwd_data_spatial(spec: OpSpec, attrs: _Attrs, dst: Sequence[int], kernel, s
             pb, pe = (0,) * rank, (0,) * rank
         else:
             pb, pe = attrs.pads_begin, attrs.pads_end
-    size = tuple(s * (x - 1) + kk - b - e + p for x, kk, s, b, e, p in
-                 zip(dst, extents, attrs.strides, pb, pe, attrs.output_padding, strict=True))
+    size = tuple(transposed_output_spatial(dst, kernel, attrs.strides, attrs.dilations, pb, pe,
+                                           attrs.output_padding))
     if any(y < 1 for y in size):
         _fail(spec.kind, f"{spec.output} spatial shape", size,
               "positive sizes (pads are larger than the transposed convolution's result)")
@@ -450,8 +428,7 @@ def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,
                   f"{oc // g if oc % g == 0 else oc}/groups output channels per group "
                   f"({oc} in {spec.inputs[0]}, groups {g})")
         pb, pe = _pads_for_input(a, src, kernel)
-        dst = tuple(conv_output_size(y, _extent(k, d), s, b, e) for y, k, s, d, b, e in
-                    zip(src, kernel, a.strides, a.dilations, pb, pe, strict=True))
+        dst = tuple(conv_output_spatial(src, kernel, a.strides, a.dilations, pb, pe))
         if any(x < 1 for x in dst):
             _fail(op, f"{spec.inputs[0]} spatial shape", src,
                   f"sizes at least the dilated kernel extent minus pads (result {dst})")
