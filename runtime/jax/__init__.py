@@ -125,9 +125,12 @@ def compile_kernels(fn, *args, progress: bool | None = None, **kwargs) -> int:
     jax.ShapeDtypeStruct. Kernels already loaded, in an AOT folder or in the disk cache
     are not compiled again; a failed build warns, and that op runs lax's convolution."""
     calls = kernel_calls(fn, *args, **kwargs)
+    # what is loaded, in an AOT folder or the cache's index loads here, at once; only
+    # the rest goes to the build workers
+    missing = [call for call in calls if call.tunes or call.load(build=False) is None]
     if progress is None:
         progress = sys.stderr.isatty()
-    background.wait(calls, progress=progress)
+    background.wait(missing, progress=progress)
     return len(calls)
 
 
