@@ -18,6 +18,7 @@ import torch
 import convgrad
 from convgrad import background, bound
 from convgrad.codegen import OPS as _KINDS
+from convgrad.codegen import shapes
 from convgrad.codegen.layers import Layer
 from convgrad.codegen.ops import OpSpec
 from convgrad.kernels import ffi
@@ -29,11 +30,6 @@ SPECS: dict[str, OpSpec] = {spec.function: spec for spec in _KINDS.values()}
 def torch_weights_format(spec: OpSpec) -> str:
     """torch's own weight layout for the op: OIX, or IOX for the ConvTranspose ops."""
     return spec.weights_formats[0]
-
-
-def extent(k, d):
-    """The dilated kernel extent."""
-    return d * (k - 1) + 1
 
 
 def infer_shape(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations,
@@ -50,28 +46,6 @@ def infer_shape(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilati
     return tuple(convgrad.infer_shape(spec.kind, inputs, attrs))
 
 
-def symbolic_shape(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations,
-                   groups, output_padding) -> list:
-    """SEMANTICS.md's shape rules (explicit pads) as arithmetic that SymInts follow."""
-    if spec.family == "bwd_data":  # a: (N, OC, X...), b: (OC, IC/g, k...)
-        if shape is not None:
-            spatial = list(shape)[-(a.dim() - 2):]
-        else:
-            spatial = [s * (x - 1) + extent(k, d) - pb - pe + p for x, k, s, d, pb, pe, p in
-                       zip(a.shape[2:], b.shape[2:], strides, dilations, pads_begin,
-                           pads_end, output_padding, strict=True)]
-        return [a.shape[0], b.shape[1] * groups, *spatial]
-    if spec.family == "fwd":  # a: (N, OC, Y...), b: (IC, OC/g, k...)
-        spatial = [(y + pb + pe - extent(k, d)) // s + 1 for y, k, s, d, pb, pe in
-                   zip(a.shape[2:], b.shape[2:], strides, dilations, pads_begin, pads_end,
-                       strict=True)]
-        return [a.shape[0], b.shape[0], *spatial]
-    kernel = list(shape)[-(a.dim() - 2):]
-    if spec.transpose:  # (IC, OC/g, k...)
-        return [a.shape[1], b.shape[1] // groups, *kernel]
-    return [b.shape[1], a.shape[1] // groups, *kernel]  # (OC, IC/g, k...)
-
-
 def _is_concrete(*values) -> bool:
     return all(type(v) is int for group in values for v in group)
 
@@ -79,12 +53,14 @@ def _is_concrete(*values) -> bool:
 def result_shape(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations,
                  groups, output_padding=None) -> list:
     """The result shape in torch order: infer_shape's with concrete sizes, else (dynamic
-    shapes in torch.compile) the same rules as arithmetic on SymInts."""
+    shapes in torch.compile) the same rules as arithmetic on SymInts
+    (convgrad.codegen.shapes.result_shape, whose defaults are torch's layouts)."""
     if _is_concrete(a.shape, b.shape, shape or (), pads_begin, pads_end):
         return list(infer_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
                                 groups, output_padding))
-    return symbolic_shape(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
-                          groups, output_padding)
+    return list(shapes.result_shape(spec.family, spec.transpose, a.shape, b.shape, shape,
+                                    strides, pads_begin, pads_end, dilations, groups,
+                                    output_padding))
 
 
 def layouts(spec: OpSpec, a: torch.Tensor, b: torch.Tensor) -> tuple[str, str | None]:
@@ -134,10 +110,15 @@ def collecting(build: bool = True):
         _collector, _recorder = previous
 
 
-def _torch_order(shape: tuple, channels_last: bool) -> list:
-    """A kernel's result shape in torch's order: (A, k..., B) stored channels last is
+def _torch_order(spec: OpSpec, shape: tuple, out_fmt: str | None) -> list:
+    """A kernel's result shape (in layout `out_fmt`, see layouts) in torch's order:
+    (N, X..., C) is torch's (N, C, X...), weights (A, k..., B) stored channels last
     torch's (A, B, k...)."""
-    return [shape[0], shape[-1], *shape[1:-1]] if channels_last else list(shape)
+    if out_fmt != "NXC":
+        return list(shape)
+    if spec.family == "bwd_weights":
+        return list(shapes.join_weights(*shapes.split_weights(shape, "OXI")))
+    return list(shapes.join_data(*shapes.split_data(shape, "NXC")))
 
 
 class _Call:
@@ -185,7 +166,7 @@ class _Call:
             except (ValueError, TypeError):
                 result_shape(*args)  # the error in torch's terms (NCX shapes)
                 raise
-            out_shape = _torch_order(self.bound.problem.output_shape, out_fmt == "NXC")
+            out_shape = _torch_order(spec, self.bound.problem.output_shape, out_fmt)
             # the call as an AOT layer (convgrad.torch.aot), named there
             self.layer = Layer(spec.kind, (tuple(a_shape), tuple(b_shape))
                                + (() if shape is None else (tuple(shape),)), attrs,

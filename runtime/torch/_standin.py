@@ -20,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from convgrad.codegen.ops import OpSpec
+from convgrad.codegen.shapes import conv_output_spatial
 
 
 def _pads(begin: Sequence[int], end: Sequence[int]) -> list[int]:
@@ -41,15 +42,6 @@ def _weight_gradient(x: torch.Tensor, dy: torch.Tensor, like: torch.Tensor, stri
     return torch.ops.aten.convolution_backward(
         dy, x, like, None, list(strides), padding, list(dilations), False, [0] * rank,
         groups, [False, True, False])[1]
-
-
-def _forward_gives(size: Sequence[int], result: Sequence[int], weight: torch.Tensor,
-                   strides, pads, dilations) -> bool:
-    """Whether a convolution (symmetric `pads`) of an input of spatial `size` has the
-    spatial size `result`."""
-    kernel = weight.shape[2:]
-    return all((x + 2 * p - d * (k - 1) - 1) // s + 1 == y for x, y, k, s, p, d in zip(
-        size, result, kernel, strides, pads, dilations, strict=True))
 
 
 def compute(spec: OpSpec, out_shape: Sequence[int], out_strides: Sequence[int],
@@ -74,8 +66,8 @@ def compute(spec: OpSpec, out_shape: Sequence[int], out_strides: Sequence[int],
             a, padding = F.pad(a, _pads(pads_begin, pads_end)), [0] * rank
         result = torch.ops.aten.convolution(a, b, None, list(strides), padding,
                                             list(dilations), False, [0] * rank, groups)
-    elif spec.family == "bwd_data" and symmetric and _forward_gives(
-            out_shape[2:], a.shape[2:], b, strides, pads_begin, dilations):
+    elif spec.family == "bwd_data" and symmetric and list(a.shape[2:]) == conv_output_spatial(
+            out_shape[2:], b.shape[2:], strides, dilations, pads_begin, pads_end):
         # a: diff_dst, b: the weight; the result is the input gradient of the convolution
         # that gives diff_dst from an input of its shape (only the shape is read)
         result = torch.ops.aten.convolution_backward(

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
+from convgrad.codegen.shapes import torch_same_pads
 from convgrad.torch import _bridge
 from convgrad.torch.ops import dispatch
 
@@ -98,9 +99,7 @@ def _pads(op: str, padding, rank: int, kernel: Sequence[int], strides: Sequence[
             if any(s != 1 for s in strides):
                 raise ValueError(f"{op}: padding='same' is invalid with strides {strides}; "
                                  "torch allows it only for stride 1")
-            # torch: total = d * (k - 1), the odd one at the end
-            totals = [d * (k - 1) for k, d in zip(kernel, dilations, strict=True)]
-            return [t // 2 for t in totals], [t - t // 2 for t in totals]
+            return torch_same_pads(kernel, dilations)
         raise ValueError(f"{op}: padding = {padding!r} is invalid; expected 'valid', 'same', "
                          "an integer or a sequence of them")
     if isinstance(padding, Sequence) and any(isinstance(p, Sequence) for p in padding):

@@ -31,8 +31,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from convgrad.codegen.ops import OpSpec
+from convgrad.codegen.shapes import fit_pads_end
 from convgrad.torch import _bridge, _calls
-from convgrad.torch._calls import SPECS, execute, extent, result_shape
+from convgrad.torch._calls import SPECS, execute, result_shape
 
 Ints = Sequence[int]
 
@@ -162,17 +163,13 @@ def _outside_autocast(backward: Callable) -> Callable:
 def _fit(t: torch.Tensor, outputs: Sequence, kernel: Sequence, strides, dilations,
          pads_begin) -> tuple[torch.Tensor, list]:
     """(t, pads_end) such that a forward convolution over `t` gives exactly `outputs`:
-    pads_end = s*(X-1) + K - Y - pb, and where that is negative, t loses that many
-    trailing positions instead (the convolution never reads them)."""
-    pads_end = []
-    for axis, (x, k, s, d, pb) in enumerate(zip(outputs, kernel, strides, dilations,
-                                                 pads_begin, strict=True)):
-        y = t.shape[2 + axis]
-        pe = s * (x - 1) + extent(k, d) - y - pb
+    pads_end by convgrad.codegen.shapes.fit_pads_end, and where that is negative, t
+    loses that many trailing positions instead (the convolution never reads them)."""
+    pads_end = fit_pads_end(outputs, t.shape[2:], kernel, strides, dilations, pads_begin)
+    for axis, pe in enumerate(pads_end):
         if pe < 0:
-            t = t.narrow(2 + axis, 0, y + pe)
-            pe = 0
-        pads_end.append(pe)
+            t = t.narrow(2 + axis, 0, t.shape[2 + axis] + pe)
+            pads_end[axis] = 0
     return t, pads_end
 
 
