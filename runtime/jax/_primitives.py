@@ -33,6 +33,7 @@ from convgrad import bound
 from convgrad.api import DTYPES
 from convgrad.codegen import Problem, resolve
 from convgrad.codegen.render import DIMS_FIELDS
+from convgrad.codegen.shapes import split_data, split_weights
 from convgrad.jax import _ffi
 
 log = logging.getLogger("convgrad")
@@ -71,12 +72,12 @@ class Conv:
         return values
 
     def data_spatial(self, shape) -> tuple[int, ...]:
-        return tuple(shape[1:-1] if self.data_format == "NXC" else shape[2:])
+        """The spatial sizes of a data shape in this call's data format."""
+        return split_data(shape, self.data_format)[2]
 
     def kernel_spatial(self, shape) -> tuple[int, ...]:
-        if self.weights_format == "XIO":
-            return tuple(shape[:-2])
-        return tuple(shape[1:-1] if self.weights_format == "OXI" else shape[2:])
+        """The kernel sizes of a weights shape in this call's weights format."""
+        return split_weights(shape, self.weights_format)[2]
 
 
 def dtype_name(dtype) -> str | None:
