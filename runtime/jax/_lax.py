@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from convgrad.codegen.shapes import extent
 from convgrad.jax._primitives import DATA, FWD, Conv, bind, dtype_name, problem_of
 
 log = logging.getLogger("convgrad")
@@ -66,7 +67,7 @@ def _fallback(reason: str) -> Plan:
 
 def _pads(padding, lhs_spatial, kernel, strides, dilations):
     if isinstance(padding, str):
-        dilated = [d * (k - 1) + 1 for k, d in zip(kernel, dilations, strict=True)]
+        dilated = [extent(k, d) for k, d in zip(kernel, dilations, strict=True)]
         return [tuple(p) for p in lax.padtype_to_pads(lhs_spatial, dilated, strides, padding)]
     return [tuple(int(v) for v in pair) for pair in padding]
 
@@ -139,7 +140,7 @@ def plan(lhs_shape, rhs_shape, dtype, rhs_dtype, window_strides, padding, lhs_di
         if any(s != 1 for s in strides):
             return _fallback(f"window strides {list(strides)} with input dilation "
                              f"{list(lhs_dil)}")
-        extents = [d * (k - 1) + 1 for k, d in zip(kernel, rhs_dil, strict=True)]
+        extents = [extent(k, d) for k, d in zip(kernel, rhs_dil, strict=True)]
         begin = tuple(e - 1 - lo for e, (lo, _) in zip(extents, pads, strict=True))
         end = tuple(max(e - 1 - hi, 0) for e, (_, hi) in zip(extents, pads, strict=True))
         if any(b < 0 for b in begin):
@@ -282,7 +283,7 @@ def conv_transpose(lhs, rhs, strides: Sequence[int], padding, rhs_dilation=None,
     dilation = tuple(rhs_dilation or (1,) * n)
     if use_consistent_padding or (isinstance(padding, str) and padding in ("SAME", "VALID")):
         per_axis = [padding] * n if isinstance(padding, str) else [tuple(p) for p in padding]
-        pads = [_transpose_padding(d * (k - 1) + 1, s, p)
+        pads = [_transpose_padding(extent(k, d), s, p)
                 for k, d, s, p in zip(kernel, dilation, strides, per_axis, strict=True)]
     else:
         pads = padding
