@@ -271,6 +271,19 @@ def test_compile_kernels_builds_every_kernel_of_a_step():
     assert all(call.kernel is not None for call in cj.kernel_calls(step, x, w))
 
 
+def test_plans_are_kept_per_distinct_static_arguments():
+    """An eager call finds its plan without lax's shape rule (milliseconds); a value of
+    another type (float strides, which lax rejects) is planned anew, not taken for 1."""
+    x, w = jnp.ones((1, 5, 5, 2)), jnp.ones((3, 3, 2, 2))
+    args = (x.shape, w.shape, x.dtype, w.dtype, (1, 1), "SAME", None, None,
+            ("NHWC", "HWIO", "NHWC"), 1, 1, None)
+    assert cj._lax.plan(*args) is cj._lax.plan(*args)
+    assert cj._lax.plan(*args[:4], [1, 1], *args[5:]) is cj._lax.plan(*args)
+    with pytest.raises(TypeError):
+        cj.conv_general_dilated(x, w, (1.5, 1.5), "SAME",
+                                dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
 # --- what runs lax --------------------------------------------------------------------
 
 FALLBACKS = {

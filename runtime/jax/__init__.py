@@ -25,7 +25,6 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import sys
 
-import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr
 
@@ -38,6 +37,7 @@ from convgrad.jax._primitives import (
     PRIMITIVES,
     WEIGHTS,
     Conv,
+    as_array,
     bind,
     bound_call,
     dtype_name,
@@ -55,7 +55,7 @@ def _op_function(kind: str):
         unknown = sorted(set(attrs) - set(spec.attributes))
         if unknown:
             raise TypeError(f"{kind}: got an unexpected keyword argument {unknown[0]!r}")
-        a, b = jnp.asarray(a), jnp.asarray(b)
+        a, b = as_array(a), as_array(b)
         if a.dtype != b.dtype or dtype_name(a.dtype) is None:
             raise TypeError(f"{kind}: {spec.inputs[0]} is {a.dtype} and {spec.inputs[1]} "
                             f"is {b.dtype}; expected one of float32, float16, bfloat16 "

@@ -26,7 +26,7 @@ import numpy as np
 from jax import lax
 
 from convgrad.codegen.shapes import extent
-from convgrad.jax._primitives import DATA, FWD, Conv, bind, dtype_name, problem_of
+from convgrad.jax._primitives import DATA, FWD, Conv, as_array, bind, dtype_name, problem_of
 
 log = logging.getLogger("convgrad")
 
@@ -76,16 +76,49 @@ def _is_perm(spec, target) -> bool:
     return tuple(spec) == tuple(target)
 
 
+def _frozen(value):
+    """A hashable stand-in for a static argument: lists as tuples, and every leaf with
+    its type (strides 2.0, which lax rejects, must not find the plan of strides 2)."""
+    if type(value) in (list, tuple):
+        return tuple(_frozen(v) for v in value)
+    return type(value), value
+
+
 def plan(lhs_shape, rhs_shape, dtype, rhs_dtype, window_strides, padding, lhs_dilation,
          rhs_dilation, dimension_numbers, feature_group_count, batch_group_count,
          preferred_element_type, backend: str | None = None) -> Plan:
-    """How a conv_general_dilated call with these static arguments runs."""
+    """How a conv_general_dilated call with these static arguments runs, worked out
+    once per distinct arguments (an eager call would otherwise pay lax's shape rule,
+    milliseconds, every time)."""
+    args = (tuple(lhs_shape), tuple(rhs_shape), np.dtype(dtype), np.dtype(rhs_dtype),
+            window_strides, padding, lhs_dilation, rhs_dilation, dimension_numbers,
+            feature_group_count, batch_group_count, preferred_element_type,
+            backend or jax.default_backend())
+    try:
+        key = _frozen(args)
+        hash(key)
+    except TypeError:  # an unhashable value: planned every time
+        return _plan(*args)
+    found = _plans.get(key)
+    if found is None:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        found = _plans[key] = _plan(*args)
+    return found
+
+
+MAX_PLANS = 4096
+_plans: dict = {}
+
+
+def _plan(lhs_shape, rhs_shape, dtype, rhs_dtype, window_strides, padding, lhs_dilation,
+          rhs_dilation, dimension_numbers, feature_group_count, batch_group_count,
+          preferred_element_type, backend: str) -> Plan:
     rank = len(lhs_shape) - 2
     if not 1 <= rank <= 3:
         return _fallback(f"{rank} spatial dimensions (kernels have 1 to 3)")
-    if (backend or jax.default_backend()) != "cpu":
-        return _fallback(f"the {backend or jax.default_backend()} backend (kernels run on "
-                         "the CPU)")
+    if backend != "cpu":
+        return _fallback(f"the {backend} backend (kernels run on the CPU)")
     compute = None
     if np.dtype(dtype) != np.dtype(rhs_dtype):
         return _fallback(f"operands of dtypes {dtype} and {rhs_dtype}")
@@ -229,7 +262,7 @@ def conv_general_dilated(lhs, rhs, window_strides: Sequence[int],
     theirs the forward one, so grad of grad works too). `precision` is accepted and
     changes nothing: the kernels sum in float32 whatever it asks. What no kernel covers
     runs lax's own convolution (see `explain`)."""
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    lhs, rhs = as_array(lhs), as_array(rhs)
     p = plan(lhs.shape, rhs.shape, lhs.dtype, rhs.dtype, window_strides, padding,
              lhs_dilation, rhs_dilation, dimension_numbers, feature_group_count,
              batch_group_count, preferred_element_type)
@@ -272,7 +305,7 @@ def conv_transpose(lhs, rhs, strides: Sequence[int], padding, rhs_dilation=None,
                    preferred_element_type=None, use_consistent_padding: bool = False):
     """`jax.lax.conv_transpose` on convgrad's kernels (the data-gradient kernel runs the
     transposed convolution), with the same arguments and result."""
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    lhs, rhs = as_array(lhs), as_array(rhs)
     n = lhs.ndim - 2
     if dimension_numbers is None:
         if lhs.ndim - 1 not in _DEFAULT_SPECS:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, replace
+from functools import lru_cache, partial
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +79,12 @@ class Conv:
     def kernel_spatial(self, shape) -> tuple[int, ...]:
         """The kernel sizes of a weights shape in this call's weights format."""
         return split_weights(shape, self.weights_format)[2]
+
+
+def as_array(value):
+    """`value` as a JAX array (jnp.asarray costs an eager call tens of microseconds on
+    what already is one, tracers included)."""
+    return value if isinstance(value, jax.Array) else jnp.asarray(value)
 
 
 def dtype_name(dtype) -> str | None:
@@ -146,9 +153,20 @@ def _ffi_call(a, b, *, conv: Conv):
     return out
 
 
+@lru_cache(maxsize=1024)
+def _compiled(conv: Conv):
+    """The op of `conv` as a jitted function: an eager call (outside jit) dispatches it
+    as jax does its own primitives, compiled once per shape, not traced each time."""
+    return jax.jit(partial(bind, conv=conv))
+
+
+def _impl(a, b, *, conv: Conv):
+    return _compiled(conv)(a, b)
+
+
 def _make(kind: str) -> Primitive:
     primitive = Primitive(f"convgrad_{kind}")
-    primitive.def_impl(_ffi_call)
+    primitive.def_impl(_impl)
     primitive.def_abstract_eval(_abstract)
     mlir.register_lowering(primitive, mlir.lower_fun(_ffi_call, multiple_results=False),
                            platform="cpu")
