@@ -78,7 +78,7 @@ def _platform_dir(xdg_cache_home: str | None, home: str | None) -> Path:
 _fallbacks: dict[Path, Path] = {}
 
 
-def _fallback_dir(unusable: Path, reason: str) -> Path:
+def fallback_dir(unusable: Path, reason: str) -> Path:
     """A private temporary cache used instead of an unwritable one (warned once)."""
     if unusable not in _fallbacks:
         _fallbacks[unusable] = Path(tempfile.mkdtemp(prefix="convgrad-cache-"))
@@ -96,9 +96,9 @@ def cache_dir() -> Path:
     try:
         configured.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        return _fallback_dir(configured, error.strerror or str(error))
+        return fallback_dir(configured, error.strerror or str(error))
     if not os.access(configured, os.W_OK | os.X_OK):
-        return _fallback_dir(configured, "read-only")
+        return fallback_dir(configured, "read-only")
     return configured
 
 
@@ -343,7 +343,7 @@ def build(config: KernelConfig, plan: Mapping[str, int] | None = None) -> tuple[
     except OSError as error:
         if error.errno not in UNWRITABLE:
             raise
-        return _build_in(config, _fallback_dir(configured_dir(), error.strerror), plan)
+        return _build_in(config, fallback_dir(configured_dir(), error.strerror), plan)
 
 
 def _build_in(config: KernelConfig, folder: Path,

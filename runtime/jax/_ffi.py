@@ -93,7 +93,8 @@ def handler() -> ctypes.CDLL:
     except OSError as error:
         if error.errno not in kernel_cache.UNWRITABLE:
             raise
-        path = _build(Path(tempfile.mkdtemp(prefix="convgrad-xla-")))
+        path = _build(kernel_cache.fallback_dir(kernel_cache.configured_dir(),
+                                                error.strerror or str(error)))
     library = ctypes.CDLL(str(path))
     library.convgrad_xla_register.restype = ctypes.c_int64
     library.convgrad_xla_register.argtypes = [
