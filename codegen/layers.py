@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from convgrad.codegen.ops import OPS, Problem, resolve
+from convgrad.codegen.ops import OPS, TRANSPOSE_WEIGHTS_FORMAT, Problem, resolve
 
 DEFAULT_OPS = ("ConvolutionBackwardData", "ConvolutionBackwardWeights")
 # Short names of the op kinds a layer list generates (the benchmark's and the CLI's --ops)
@@ -180,7 +180,7 @@ def conv_layers(conv: ConvShape, ops=DEFAULT_OPS, *, batch: int | None = None,
         spec = OPS[kind]
         fmt = weights_format or spec.weights_formats[1]
         if spec.transpose:  # ConvTranspose ops: the forward conv's dst is their src
-            fmt = {"OIX": "IOX", "XIO": "XOI", "OXI": "IXO"}.get(fmt, fmt)
+            fmt = TRANSPOSE_WEIGHTS_FORMAT.get(fmt, fmt)
         attrs = {"strides": list(conv.strides), "pads_begin": list(conv.pads_begin),
                  "pads_end": list(conv.pads_end), "dilations": list(conv.dilations),
                  "groups": g, "data_format": data_format, spec.weights_attr: fmt}

@@ -74,6 +74,11 @@ class OpSpec:
         return {name: values[name] for name in self.attributes}
 
 
+# A ConvTranspose op's weights formats place the axes as the forward convolution's do:
+# its IOX, XOI and IXO weights are the OIX, XIO and OXI of the convolution it runs.
+FORWARD_WEIGHTS_FORMAT = {"IOX": "OIX", "XOI": "XIO", "IXO": "OXI"}
+TRANSPOSE_WEIGHTS_FORMAT = {fwd: op for op, fwd in FORWARD_WEIGHTS_FORMAT.items()}
+
 ATTRIBUTE_DEFAULTS = {"strides": 1, "pads_begin": 0, "pads_end": 0, "dilations": 1,
                       "auto_pad": "none", "output_padding": 0, "groups": 1,
                       "data_format": "NXC"}
@@ -460,8 +465,7 @@ def resolve(kind: str, shapes: Sequence[Sequence[int]], attrs: Mapping,
 
     if any(v > MAX_EXTENT for v in (*src, *dst, *out, n)):
         _fail(op, "shape", out, f"sizes at most {MAX_EXTENT}")
-    weights_format = {"IOX": "OIX", "XOI": "XIO", "IXO": "OXI"}.get(a.weights_format,
-                                                                    a.weights_format)
+    weights_format = FORWARD_WEIGHTS_FORMAT.get(a.weights_format, a.weights_format)
     if weights_format == "OXI" and all(k == 1 for k in kernel):
         weights_format = "OIX"  # one tap: the same memory
     if swapped:  # [i'][o'] sums are the [o][i] weights

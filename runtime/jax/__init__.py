@@ -30,6 +30,7 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from convgrad import background
 from convgrad.codegen import OPS, resolve
+from convgrad.codegen.ops import FORWARD_WEIGHTS_FORMAT
 from convgrad.jax._lax import conv_general_dilated, conv_transpose, explain
 from convgrad.jax._primitives import (
     DATA,
@@ -43,7 +44,6 @@ from convgrad.jax._primitives import (
     dtype_name,
 )
 
-_FORWARD_NAMES = {"IOX": "OIX", "XOI": "XIO", "IXO": "OXI"}
 _CANONICAL = {"fwd": FWD, "bwd_data": DATA, "bwd_weights": WEIGHTS}
 
 
@@ -69,7 +69,7 @@ def _op_function(kind: str):
         shape = (problem.src_spatial if canonical == DATA
                  else c.kernel if canonical == WEIGHTS else None)
         conv = Conv(canonical, c.strides, problem.pads_begin, problem.pads_end, c.dilations,
-                    c.groups, c.data_format, _FORWARD_NAMES.get(given, given), shape)
+                    c.groups, c.data_format, FORWARD_WEIGHTS_FORMAT.get(given, given), shape)
         if spec.family == "bwd_weights" and spec.transpose:
             a, b = b, a  # the forward problem's src is this op's diff_dst
         return bind(a, b, conv)

@@ -33,6 +33,7 @@ from jax.interpreters import ad, batching, mlir
 from convgrad import bound
 from convgrad.api import DTYPES
 from convgrad.codegen import Problem, resolve
+from convgrad.codegen.ops import TRANSPOSE_WEIGHTS_FORMAT
 from convgrad.codegen.render import DIMS_FIELDS
 from convgrad.codegen.shapes import split_data, split_weights
 from convgrad.jax import _ffi
@@ -41,7 +42,6 @@ log = logging.getLogger("convgrad")
 
 FWD, DATA, WEIGHTS = ("ConvTransposeBackwardData", "ConvolutionBackwardData",
                       "ConvolutionBackwardWeights")
-_TRANSPOSE_NAMES = {"OIX": "IOX", "XIO": "XOI", "OXI": "IXO"}
 _XLA_DTYPES = {"f32": 11, "f16": 10, "bf16": 16}  # XLA_FFI_DataType
 
 
@@ -64,7 +64,7 @@ class Conv:
         values = {"strides": list(self.strides), "pads_begin": list(self.pads_begin),
                   "pads_end": list(self.pads_end), "dilations": list(self.dilations),
                   "groups": self.groups, "data_format": self.data_format,
-                  "weights_format": (_TRANSPOSE_NAMES[self.weights_format]
+                  "weights_format": (TRANSPOSE_WEIGHTS_FORMAT[self.weights_format]
                                      if self.kind == FWD else self.weights_format)}
         if self.kind == DATA:
             values["dst_shape"] = list(self.shape)
