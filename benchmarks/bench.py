@@ -684,7 +684,7 @@ def table(rows: list[Row]) -> str:
     return "\n".join(text)
 
 
-def _geomean(values: list[float]) -> float | None:
+def geomean(values: list[float]) -> float | None:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
 
 
@@ -699,11 +699,11 @@ def geomeans(rows: list[Row]) -> list[dict]:
     for (op, threads), group in sorted(groups.items()):
         ratios = [r.ratio for r in group if r.ratio]
         mean = {"op": op, "threads": threads, "layers": len(ratios),
-                "geomean_ratio": _geomean(ratios)}
+                "geomean_ratio": geomean(ratios)}
         if any(r.tuned_gain for r in group):
-            mean["tuned_geomean_ratio"] = _geomean([r.tuned_ratio for r in group
+            mean["tuned_geomean_ratio"] = geomean([r.tuned_ratio for r in group
                                                     if r.tuned_ratio])
-            mean["tuned_geomean_gain"] = _geomean([r.tuned_gain for r in group
+            mean["tuned_geomean_gain"] = geomean([r.tuned_gain for r in group
                                                    if r.tuned_gain])
         means.append(mean)
     return means
@@ -772,7 +772,7 @@ def environment(updates: dict[str, str]) -> Iterator[None]:
             kernels.reset()
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     values = [int(v) for v in text.split(",") if v.strip()]
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, e.g. 1,2")
@@ -789,7 +789,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "(ConvolutionBackwardWeights), fwd (ConvTransposeBackwardData: "
                              "the forward convolution), tweights "
                              "(ConvTransposeBackwardWeights); default data,weights")
-    parser.add_argument("--threads", type=_int_list, default=[1, 2],
+    parser.add_argument("--threads", type=int_list, default=[1, 2],
                         help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--batch", type=int, default=8, help="batch, overrides mb (default 8)")
     parser.add_argument("--dtype", default="f32", choices=DTYPES)

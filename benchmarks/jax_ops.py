@@ -60,7 +60,6 @@ import math
 import os
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -82,7 +81,7 @@ from convgrad.compiler import compiler_identity
 from convgrad.cpu import cpu_model, selected_isa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import DEFAULT_SHAPES_DIR, SETS, load_set, timed_pair  # noqa: E402
+from bench import DEFAULT_SHAPES_DIR, SETS, geomean, int_list, load_set, timed_pair  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUT = SCRIPT.parent / "results" / "jax_ops"
@@ -250,17 +249,6 @@ def rel_diff(ours, theirs) -> float:
         return math.inf
     scale = float(np.max(np.abs(b))) or 1.0
     return float(np.max(np.abs(a - b))) / scale
-
-
-def geomean(values: Sequence[float]) -> float | None:
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
-
-
-def int_list(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected positive integers, e.g. 1,2")
-    return values
 
 
 # --------------------------------------------------------------------------- cases

@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dtype", default="f32", choices=bench.DTYPES)
     parser.add_argument("--isa", default=None, choices=list(bench.ONEDNN_ISA),
                         help="convgrad's path, PyTorch's oneDNN limited to the same")
-    parser.add_argument("--threads", type=bench._int_list, default=[1, 2])
+    parser.add_argument("--threads", type=bench.int_list, default=[1, 2])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--min-time", type=float, default=0.5,
                         help="seconds of calls per timing of each plan (default 0.5)")
