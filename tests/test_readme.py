@@ -6,22 +6,26 @@ from pathlib import Path
 import pytest
 
 
-def test_readme_python_example_runs():
+def _run_example(heading: str = "") -> dict:
+    """Runs the README's first Python example after `heading` (the first of all for
+    ""); returns its namespace."""
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    example = re.findall(r"```python\n(.*?)```", text, re.S)[0]
+    section = text.split(heading, 1)[1] if heading else text
+    example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
     namespace: dict = {}
     exec(compile(example, "README.md", "exec"), namespace)
+    return namespace
+
+
+def test_readme_python_example_runs():
+    namespace = _run_example()
     assert namespace["diff_src"].shape == (8, 56, 56, 32)
     assert namespace["diff_weights"].shape == (3, 3, 32, 64)
 
 
 def test_readme_pytorch_example_runs(capsys):
     pytest.importorskip("torch")
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split("## PyTorch: `convgrad.torch`", 1)[1]
-    example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
-    namespace: dict = {}
-    exec(compile(example, "README.md", "exec"), namespace)
+    namespace = _run_example("## PyTorch: `convgrad.torch`")
     printed = capsys.readouterr().out
     assert "3 module(s) converted, 0 left alone" in printed
     assert "torch.Size([4, 8, 32, 32]) True" in printed
@@ -32,11 +36,7 @@ def test_readme_pytorch_example_runs(capsys):
 
 def test_readme_jax_example_runs(capsys):
     pytest.importorskip("jax")
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = text.split("## JAX: `convgrad.jax`", 1)[1]
-    example = re.findall(r"```python\n(.*?)```", section, re.S)[0]
-    namespace: dict = {}
-    exec(compile(example, "README.md", "exec"), namespace)
+    _run_example("## JAX: `convgrad.jax`")
     printed = capsys.readouterr().out
     assert "(3, 3, 64, 64)" in printed
     assert "convgrad ConvTransposeBackwardData (NXC, XIO weights)" in printed
