@@ -164,13 +164,16 @@ def count_copies(step: Callable[[], object]) -> int:
     return sum(event.name == "aten::copy_" for event in prof.events())
 
 
+def model_options(name: str, args: argparse.Namespace) -> dict:
+    """The constructor's options of model `name`: --width and --blocks shape resnet18."""
+    if name != "resnet18":
+        return {}
+    return {k: v for k, v in (("width", args.width), ("blocks", args.blocks)) if v is not None}
+
+
 def build(name: str, args: argparse.Namespace) -> nn.Module:
-    """Model `name`; --width and --blocks shape resnet18."""
-    options = {}
-    if name == "resnet18":
-        options = {k: v for k, v in (("width", args.width), ("blocks", args.blocks))
-                   if v is not None}
-    return MODELS[name](classes=classes(name), **options)
+    """Model `name`, shaped by model_options."""
+    return MODELS[name](classes=classes(name), **model_options(name, args))
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -244,10 +247,7 @@ def measure_ddp(name: str, dtype_name: str, threads: int, args: argparse.Namespa
     fmt_name = args.memory_format
     if fmt_name == "channels_last" and len(shape) == 5:
         fmt_name = "channels_last_3d"
-    options = {}
-    if name == "resnet18":
-        options = {k: v for k, v in (("width", args.width), ("blocks", args.blocks))
-                   if v is not None}
+    options = model_options(name, args)
     setting = ddp_step.Setting(name, dtype_name, threads, args.ddp, tuple(shape),
                                classes(name), fmt_name, args.autocast, args.min_time,
                                args.warmup, ddp_step.free_port(), tuple(options.items()))
