@@ -52,6 +52,34 @@ def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
     assert results["rows"][0]["threads"] == 1 and results["rows"][0]["model"] == "resnet18"
 
 
+@pytest.mark.parametrize("flags,label", [(["--autocast", "bf16"], "amp-bf16"),
+                                         (["--ddp", "2"], "f32x2")])
+def test_train_step_under_autocast_and_ddp(tmp_path, capsys, flags, label):
+    """--autocast runs both float32 models under torch.autocast and --ddp on gloo ranks
+    in lockstep (spawned processes): each row is recorded with its setting."""
+    threads = torch.get_num_threads()
+    try:
+        status = train_step.main(["--dtype", "f32", "--threads", "1", "--batch", "2",
+                                  "--size", "16", "--width", "4", "--blocks", "1",
+                                  "--min-time", "0", "--warmup", "1", *flags,
+                                  "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert label in printed and "warning" not in printed  # DDP: the ranks agree
+    with (tmp_path / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert float(row["torch_ms"]) > 0 and float(row["convgrad_ms"]) > 0
+    assert row["autocast"] == ("bf16" if "--autocast" in flags else "")
+    assert row["ranks"] == ("2" if "--ddp" in flags else "1")
+
+
+def test_train_step_rejects_autocast_of_a_low_precision_model():
+    with pytest.raises(SystemExit):
+        train_step.parse_args(["--dtype", "bf16", "--autocast", "bf16"])
+
+
 def test_converted_resnet_has_only_convgrad_convolutions():
     model = train_step.ResNet(width=4, blocks=[1, 1])
     report = train_step.cgt.convert(model)
