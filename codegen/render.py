@@ -104,6 +104,14 @@ def render_xla_handler() -> str:
     return _environment().get_template("xla_ffi.c.j2").render(dims_length=DIMS_FIELDS)
 
 
+def render_torch_calls(status: Mapping[int, str], max_kept_workspace: int) -> str:
+    """The C++ source of convgrad.torch's eager call path (a Python extension module):
+    `status` the kernels' error codes and their messages, `max_kept_workspace` the
+    largest scratch (bytes) a thread keeps between calls."""
+    return _environment().get_template("torch_calls.cpp.j2").render(
+        status=dict(status), max_kept_workspace=max_kept_workspace)
+
+
 def render_header(names: list[str], aliases: dict[str, str] | None = None,
                   swapped: Iterable[str] = ()) -> str:
     """A C header declaring the given kernels (for AOT builds), and for each layer name

@@ -15,6 +15,9 @@ os.environ.setdefault("CONVGRAD_BUILD_JOBS", "1")
 # convgrad.torch's calls wait for their kernels (tests that check which kernel ran);
 # tests/test_torch_background.py sets background compilation itself.
 os.environ.setdefault("CONVGRAD_COMPILE", "block")
+# convgrad.torch's C++ call path serves tests/test_torch_native.py's calls; the others take
+# Python's path, whose kernel calls they spy on (the extension builds once, there).
+os.environ.setdefault("CONVGRAD_TORCH_NATIVE", "off")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -84,6 +84,15 @@ def new_result(spec: OpSpec, shape, out_fmt: str | None, like: torch.Tensor) -> 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
+_recording_hooks: list = []
+
+
+def on_recording(hook) -> None:
+    """Calls `hook()` when aot_kernels starts noting calls (the C++ path forgets its own:
+    every call goes through execute while it notes them)."""
+    _recording_hooks.append(hook)
+
+
 # Calls PyTorch's operators served while their kernels were not ready (convgrad.background)
 standin_calls = 0
 _collector: list | None = None  # compile_kernels: the calls a pass asks kernels for
@@ -104,6 +113,8 @@ def collecting(build: bool = True):
         _collector = found
     else:
         _recorder = found
+        for hook in _recording_hooks:
+            hook()
     try:
         yield found
     finally:
@@ -232,14 +243,14 @@ _lock = threading.Lock()
 MAX_CALLS = 4096
 
 
-def execute(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_begin,
-            pads_end, dilations, groups, output_padding=None) -> torch.Tensor:
-    """Runs op `name` (a function name of the op table) on CPU tensors. The first call
-    of a configuration validates it (with the user's error messages)."""
+def lookup(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_begin,
+           pads_end, dilations, groups, output_padding=None) -> _Call:
+    """The resolved call of op `name` (a function name of the op table) on CPU tensors,
+    made (validated, with the user's error messages) the first time."""
     count = _bridge.num_threads()
     if not (a.is_cpu and b.is_cpu):
         return _Call(SPECS[name], a, b, shape, strides, pads_begin, pads_end, dilations,
-                     groups, output_padding, count)(a, b)  # raises the error
+                     groups, output_padding, count)  # raises the error
     try:
         key = (name, a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype,
                None if shape is None else tuple(shape), tuple(strides), tuple(pads_begin),
@@ -256,9 +267,44 @@ def execute(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_be
                 if len(_calls) >= MAX_CALLS:
                     _calls.clear()
                 _calls[key] = call
+    return call
+
+
+def execute(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_begin,
+            pads_end, dilations, groups, output_padding=None) -> torch.Tensor:
+    """Runs op `name` (a function name of the op table) on CPU tensors. The first call
+    of a configuration validates it (with the user's error messages)."""
+    call = lookup(name, a, b, shape, strides, pads_begin, pads_end, dilations, groups,
+                  output_padding)
     if _recorder is not None:
         return _record(call, a, b)
     return call(a, b)
+
+
+def recording() -> bool:
+    """Whether aot_kernels notes every call (collecting(build=False))."""
+    return _recorder is not None
+
+
+_DENSE = {None: 0, "NXC": 1}  # how the C++ path makes an input dense (else 2: contiguous)
+
+
+def native_record(call: _Call) -> tuple | None:
+    """What the C++ path (convgrad.torch._native) keeps of a resolved call: kernel and
+    run-time sizes (addresses), scratch bytes, input order, whether the result is
+    empty, its sizes and strides, how each input is made dense, the start of an error
+    message and the object that owns it all. None while the kernel is not loaded (the
+    stand-in serves; its build was asked for)."""
+    if call.empty:
+        return (0, 0, 64, False, True, list(call.shape), list(call.strides), 0, 0, "", call)
+    bound = call.bound
+    if bound.kernel is None and not call.ready():
+        return None
+    kernel = bound.kernel
+    return (int(ffi.cast("uintptr_t", kernel.function)), int(ffi.cast("uintptr_t", bound.dims)),
+            max(bound.workspace_bytes, 64), bound.swap, False, list(call.shape),
+            list(call.strides), _DENSE.get(call.dense_a, 2), _DENSE.get(call.dense_b, 2),
+            f"{bound.problem.op.kind}: kernel {kernel.name} failed: ", call)
 
 
 bound.on_reset(_calls.clear)  # also in a forked child: the thread count may change there

@@ -26,9 +26,10 @@ from collections.abc import Sequence
 
 import torch
 
+from convgrad import bound
 from convgrad.codegen.shapes import torch_same_pads
 from convgrad.torch import _bridge
-from convgrad.torch.ops import dispatch
+from convgrad.torch.ops import dispatch, forward_site, native_ready
 
 Padding = int | Sequence[int] | Sequence[Sequence[int]] | str
 
@@ -123,10 +124,12 @@ def _one_dtype(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
             and (bias is None or bias.dtype in _bridge.DTYPES))
 
 
-# The op arguments of a module's convolution by its attributes and kernel: checking
-# and expanding them costs as much as a small kernel, and a model repeats them.
+# The op arguments of a module's convolution by its attributes and kernel, and the
+# C++ path's site of them (ops.forward_site, once it is loaded): checking and expanding
+# them costs as much as a small kernel, and a model repeats them.
 _conv_args: dict = {}
 MAX_CONV_ARGS = 4096
+bound.on_reset(_conv_args.clear)  # its sites: the C++ path may be turned off
 
 
 def _conv(rank: int, input, weight, bias, stride, padding, dilation, groups) -> torch.Tensor:
@@ -134,12 +137,17 @@ def _conv(rank: int, input, weight, bias, stride, padding, dilation, groups) -> 
     if not torch.compiler.is_compiling():
         try:
             key = (rank, stride, padding, dilation, groups, weight.shape)
-            args = _conv_args.get(key)
+            known = _conv_args.get(key)
         except TypeError:  # lists: checked every time
-            key, args = None, None
-        if (args is not None and input.dim() == rank + 2 and input.dtype in _bridge.DTYPES
+            key, known = None, None
+        if (known is not None and input.dim() == rank + 2 and input.dtype in _bridge.DTYPES
                 and input.is_cpu and _one_dtype(input, weight, bias)
-                and (bias is None or bias.dim() == 1)):
+                and (bias is None or (bias.dim() == 1 and bias.shape[0] == weight.shape[0]))):
+            args, site = known
+            if site is None:
+                site = known[1] = forward_site(args)
+            if site is not None and native_ready(input, weight, bias):
+                return site(input, weight, None, bias)  # the bias added in C++
             y = dispatch("conv_transpose_backward_data", input, weight, *args)
             return _add_bias(y, bias, op)
     unbatched = _inputs(op, rank, input, weight, bias)
@@ -150,7 +158,7 @@ def _conv(rank: int, input, weight, bias, stride, padding, dilation, groups) -> 
     if not torch.compiler.is_compiling() and key is not None:
         if len(_conv_args) >= MAX_CONV_ARGS:
             _conv_args.clear()
-        _conv_args[key] = args
+        _conv_args[key] = [args, None]
     x = input.unsqueeze(0) if unbatched else input
     y = dispatch("conv_transpose_backward_data", x, weight, *args)
     y = _add_bias(y, bias, op)

@@ -32,7 +32,7 @@ import torch
 
 from convgrad.codegen.ops import OpSpec
 from convgrad.codegen.shapes import fit_pads_end
-from convgrad.torch import _bridge, _calls
+from convgrad.torch import _bridge, _calls, _native
 from convgrad.torch._calls import SPECS, execute, result_shape
 
 Ints = Sequence[int]
@@ -64,14 +64,23 @@ def _fake(spec: OpSpec, a, b, shape, strides, pads_begin, pads_end, dilations, g
     return _calls.new_result(spec, shape, _calls.layouts(spec, a, b)[1], a)
 
 
+def _kernel(name: str, a, b, attrs: tuple) -> torch.Tensor:
+    """The registered op's CPU kernel (what torch.compile's graphs and every traced or
+    moded call run): the C++ path's site where it is loaded, else Python's."""
+    native = _native_site(name, attrs) if a.is_cpu and b.is_cpu else None
+    if native is not None:
+        return native[0].run(a, b, native[1])
+    return _execute(name, a, b, attrs)
+
+
 def _define(spec: OpSpec):
     """Registers one op: the kernel call and its fake implementation."""
     name = spec.function
     if spec.family == "bwd_data":
         def impl(a, b, shape, strides, pads_begin, pads_end, dilations, groups,
                  output_padding):
-            return execute(name, a, b, shape, strides, pads_begin, pads_end, dilations,
-                           groups, output_padding)
+            return _kernel(name, a, b, (shape, strides, pads_begin, pads_end, dilations,
+                                        groups, output_padding))
 
         def fake(a, b, shape, strides, pads_begin, pads_end, dilations, groups,
                  output_padding):
@@ -79,14 +88,14 @@ def _define(spec: OpSpec):
                          groups, output_padding)
     elif spec.family == "fwd":
         def impl(a, b, strides, pads_begin, pads_end, dilations, groups):
-            return execute(name, a, b, None, strides, pads_begin, pads_end, dilations, groups)
+            return _kernel(name, a, b, (strides, pads_begin, pads_end, dilations, groups))
 
         def fake(a, b, strides, pads_begin, pads_end, dilations, groups):
             return _fake(spec, a, b, None, strides, pads_begin, pads_end, dilations, groups)
     else:
         def impl(a, b, shape, strides, pads_begin, pads_end, dilations, groups):
-            return execute(name, a, b, shape, strides, pads_begin, pads_end, dilations,
-                           groups)
+            return _kernel(name, a, b, (shape, strides, pads_begin, pads_end, dilations,
+                                        groups))
 
         def fake(a, b, shape, strides, pads_begin, pads_end, dilations, groups):
             return _fake(spec, a, b, shape, strides, pads_begin, pads_end, dilations,
@@ -271,6 +280,9 @@ def dispatch(name: str, a: torch.Tensor, b: torch.Tensor, *attrs) -> torch.Tenso
     if _autocast_enabled("cpu"):  # what the op's AutocastCPU kernel does
         with _no_autocast():
             return dispatch(name, *_autocast_inputs(a, b), *attrs)
+    native = _native_site(name, attrs)
+    if native is not None:  # the C++ path: kernel call and autograd node
+        return native[0](a, b, native[1])
     if _profiling():
         with torch.profiler.record_function(f"convgrad::{name}"):
             return _eager(name, a, b, attrs)
@@ -278,6 +290,39 @@ def dispatch(name: str, a: torch.Tensor, b: torch.Tensor, *attrs) -> torch.Tenso
 
 
 _profiling = torch._C._autograd._profiler_enabled
+
+
+def _static(values) -> tuple:
+    return tuple(tuple(v) if isinstance(v, list) else v for v in values)
+
+
+def _native_site(name: str, attrs: tuple):
+    """(the C++ path's site of op `name` with the registered op's other arguments, the
+    shape argument as a list or None), or None where Python's path serves the call (the
+    extension not loaded yet, aot_kernels noting calls)."""
+    if _calls.recording():
+        return None
+    shape, static = (None, attrs) if name in _NO_SHAPE else (attrs[0], attrs[1:])
+    try:
+        site = _native.site(name, _static(static), _BACKWARD)
+    except TypeError:  # unhashable attribute values
+        return None
+    if site is None:
+        return None
+    return site, None if shape is None else list(shape)
+
+
+def forward_site(args: tuple):
+    """The C++ path's site of the forward convolution (conv_transpose_backward_data)
+    with args (strides, pads_begin, pads_end, dilations, groups), or None."""
+    return _native.site("conv_transpose_backward_data", _static(args), _BACKWARD)
+
+
+def native_ready(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether a module's convolution of (a, b) plus bias may run on its C++ site: plain
+    CPU tensors outside tracing, modes and autocast, and aot_kernels not noting calls."""
+    return (_plain(a, b) and (bias is None or type(bias) in _PLAIN)
+            and not _autocast_enabled("cpu") and not _calls.recording())
 
 
 def _eager(name: str, a, b, attrs: tuple) -> torch.Tensor:

@@ -13,13 +13,14 @@ nothing.
 from __future__ import annotations
 
 import sys
+import threading
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from convgrad import background
-from convgrad.torch import _calls
+from convgrad.torch import _calls, _native
 
 
 def step_calls(model: nn.Module, example_inputs: tuple, example_kwargs: dict, *,
@@ -55,10 +56,15 @@ def compile_kernels(model: nn.Module, *example_inputs, progress: bool | None = N
     """Builds the kernels of one training step of `model` (forward, and backward where
     a parameter or an input needs a gradient) on `example_inputs`; returns how many it
     built (those already loaded, in an AOT folder or in the disk cache are not counted).
-    A kernel whose build fails is warned about and left to PyTorch's operator."""
+    A kernel whose build fails is warned about and left to PyTorch's operator. The C++
+    call path (convgrad.torch._native) is built alongside where it is not yet."""
     calls = step_calls(model, example_inputs, example_kwargs, build=True)
     if progress is None:
         progress = sys.stderr.isatty()
     unique = list({id(call.bound): call.bound for call in calls}.values())
+    # the C++ call path (convgrad.torch._native), if it is not built yet, beside them
+    native = threading.Thread(target=_native.build, name="convgrad-torch-native-build")
+    native.start()
     background.wait(unique, progress=progress)
+    native.join()
     return len(unique)
