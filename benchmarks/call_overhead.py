@@ -12,6 +12,10 @@ work is a few hundred multiply-adds, so each figure is the call path. Rows:
 - forward+backward: the module's output summed and back-propagated (data and weight
   gradients), against torch.nn's.
 
+convgrad.torch's repeat calls run on its C++ call path where that is built (it is built
+first here, as compile_kernels does); CONVGRAD_TORCH_NATIVE=off times the Python path.
+The table's header says which path ran.
+
 Each figure is the median over --repeats blocks of --calls calls (after a warm-up),
 the libraries taking turns block by block. Results also go to results.json in --out.
 """
@@ -35,7 +39,7 @@ import torch.nn.functional as F
 import convgrad
 import convgrad.torch as cgt
 from convgrad.cpu import cpu_model, selected_isa
-from convgrad.torch import _calls
+from convgrad.torch import _calls, _native
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "call_overhead"
 
@@ -92,6 +96,11 @@ def measure(channels: int, size: int, calls: int, repeats: int) -> list[dict]:
     return rows
 
 
+def call_path() -> str:
+    """Which of convgrad.torch's call paths served the timed calls."""
+    return "C++" if _native.kernel_runs() else "Python"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python benchmarks/call_overhead.py",
                                      description=__doc__,
@@ -111,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = measure(args.channels, args.size, args.calls, args.repeats)
     print(f"Tiny cached call: 1x1 conv, {args.channels} channels, {args.size}x{args.size}, "
           f"batch 1, f32, {args.threads} thread(s); {cpu_model()}, convgrad ISA path "
-          f"{selected_isa()}, torch {torch.__version__}")
+          f"{selected_isa()}, torch {torch.__version__}, convgrad.torch's {call_path()} "
+          "call path")
     width = max(len(r["call"]) for r in rows)
     print(f"{'call':<{width}}{'convgrad us':>13}{'torch us':>10}{'ratio':>8}")
     for r in rows:
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "results.json").write_text(json.dumps({
         "command": command,
         "machine": {"cpu": cpu_model(), "isa": selected_isa(), "torch": torch.__version__,
-                    "python": platform.python_version(),
+                    "python": platform.python_version(), "call_path": call_path(),
                     "date": datetime.now(timezone.utc).isoformat(timespec="seconds")},
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "rows": rows}, indent=2) + "\n")

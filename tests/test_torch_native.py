@@ -244,3 +244,25 @@ def test_compiled_module_traces_the_registered_ops_which_run_from_cxx(native):
     before = native()  # the registered op's CPU kernel runs from C++ too
     torch.testing.assert_close(compiled(x), eager, rtol=0, atol=0)
     assert native() == before + 1
+
+
+def test_opcheck_passes_for_every_op_on_the_cxx_path(native):
+    """torch.library.opcheck (schema, fake, autograd registration, aot_dispatch) with the
+    registered ops' CPU kernel on the C++ path, which must run there."""
+    torch.manual_seed(4)
+    dy, w, src = torch.randn(1, 6, 4, 4), torch.randn(6, 4, 3, 3), torch.randn(1, 4, 4, 4)
+    common = ([1, 1], [1, 1], [1, 1], [1, 1], 1)
+    cases = {
+        "convolution_backward_data": (dy, w, [4, 4], *common, [0, 0]),
+        "convolution_backprop_data": (dy, w, [4, 4], *common, [0, 0]),
+        "convolution_backward_weights": (src, dy, [3, 3], *common),
+        "convolution_backprop_filters": (src, dy, [3, 3], *common),
+        "conv_transpose_backward_data": (src, w, *common),
+        "conv_transpose_backward_weights": (dy, src, [3, 3], *common),
+    }
+    assert set(cases) == set(cgt.OPS)
+    before = native()
+    for name, (a, b, *attrs) in cases.items():
+        torch.library.opcheck(cgt.OPS[name], (a.clone().requires_grad_(),
+                                              b.clone().requires_grad_(), *attrs))
+    assert native() > before
