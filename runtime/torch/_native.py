@@ -20,6 +20,8 @@ it off (the test suite's default; tests/test_torch_native.py turns it on).
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -133,18 +135,36 @@ def _build(folder: Path, low_priority: bool) -> Path:
             cpp.write_text(source)
             built = Path(tmp) / "extension.so"
             started = time.perf_counter()
-            result = subprocess.run(
-                [*command[:1], "-o", str(built), str(cpp), *command[1:]],
-                capture_output=True, text=True, check=False,
-                preexec_fn=(lambda: os.nice(10)) if low_priority else None)
-            if result.returncode:
+            full = [*command[:1], "-o", str(built), str(cpp), *command[1:]]
+            if low_priority and shutil.which("nice"):
+                full = ["nice", "-n", "10", *full]
+            process = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True)
+            _running.add(process)
+            try:
+                _, stderr = process.communicate()
+            finally:
+                _running.discard(process)
+            if process.returncode:
                 raise RuntimeError(f"compiling convgrad.torch's C++ call path failed "
-                                   f"({shlex.join(command)}):\n{result.stderr.strip()}")
+                                   f"({shlex.join(command)}):\n{stderr.strip()}")
             log.info("convgrad.torch: built the C++ call path in %.1f s",
                      time.perf_counter() - started)
             os.replace(cpp, target.with_suffix(".cpp"))  # kept for debugging
             os.replace(built, target)
     return target
+
+
+_running: set[subprocess.Popen] = set()  # the compiler, while it runs
+
+
+@atexit.register
+def _stop() -> None:
+    """Exit does not wait for a background build: its compiler is ended (no entry is
+    published; the next process builds again)."""
+    for process in list(_running):
+        with contextlib.suppress(OSError):
+            process.kill()
 
 
 def _load(low_priority: bool) -> None:
