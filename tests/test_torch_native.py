@@ -173,6 +173,8 @@ def test_errors_keep_their_messages(native):
         conv(torch.randn(1, 5, 5, 5))
     with pytest.raises(TypeError, match="dtype"):
         conv(torch.randn(1, 4, 5, 5, dtype=torch.float64))
+    with pytest.raises(TypeError, match="layout"):
+        conv(torch.randn(1, 4, 5, 5).to_sparse())
     conv.bias = nn.Parameter(torch.zeros(5))
     with pytest.raises(ValueError, match="bias has 5 values"):
         conv(torch.randn(1, 4, 5, 5))
