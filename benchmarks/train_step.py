@@ -298,8 +298,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=_list(str), default=["resnet18"],
                         help=f"comma-separated: {', '.join(MODELS)} (default resnet18)")
-    parser.add_argument("--dtype", type=_list(str), default=["f32", "bf16"],
-                        help="comma-separated: f32, bf16 (default f32,bf16)")
+    parser.add_argument("--dtype", type=_list(str), default=None,
+                        help="comma-separated: f32, bf16 (default f32,bf16; f32 with --autocast)")
     parser.add_argument("--threads", type=_list(int), default=[1, 2],
                         help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--batch", type=int,
@@ -317,7 +317,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="default channels_last (channels_last_3d for videos)")
     parser.add_argument("--autocast", choices=list(AUTOCAST),
                         help="run both float32 models under torch.autocast('cpu', dtype) "
-                             "(--dtype must be f32)")
+                             "(--dtype is then f32, its default)")
     parser.add_argument("--compile", action="store_true",
                         help="run both models through torch.compile")
     parser.add_argument("--ddp", type=int, default=1, metavar="N",
@@ -337,6 +337,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"results folder (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
+    if args.dtype is None:  # f32 and bf16; under autocast the float32 models only
+        args.dtype = ["f32"] if args.autocast else ["f32", "bf16"]
     if any(d not in DTYPES for d in args.dtype):
         parser.error(f"--dtype {args.dtype}: expected a subset of {list(DTYPES)}")
     if args.ddp < 1 or (args.ddp > 1 and args.compile):

@@ -78,6 +78,8 @@ def test_train_step_under_autocast_and_ddp(tmp_path, capsys, flags, label):
 def test_train_step_rejects_autocast_of_a_low_precision_model():
     with pytest.raises(SystemExit):
         train_step.parse_args(["--dtype", "bf16", "--autocast", "bf16"])
+    assert train_step.parse_args(["--autocast", "bf16"]).dtype == ["f32"]
+    assert train_step.parse_args([]).dtype == ["f32", "bf16"]
 
 
 def test_converted_resnet_has_only_convgrad_convolutions():
