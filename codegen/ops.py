@@ -1,4 +1,4 @@
-"""The six ops of SEMANTICS.md: names, attributes, shape and padding rules.
+"""The six ops of docs/semantics.md: names, attributes, shape and padding rules.
 
 ``resolve`` is the one place where attributes are validated, pads are computed
 and shapes are inferred. It works on integers only (no arrays), so the runtime,
@@ -67,7 +67,7 @@ class OpSpec:
 
     @property
     def defaults(self) -> dict:
-        """Every attribute's value when it is not given (SEMANTICS.md)."""
+        """Every attribute's value when it is not given (docs/semantics.md)."""
         values = {**ATTRIBUTE_DEFAULTS, self.weights_attr: self.weights_formats[1]}
         if self.shape_name:
             values[self.shape_name] = None
@@ -324,7 +324,7 @@ def _check_dst(op: str, name: str, dst: Sequence[int], src: Sequence[int], kerne
 
 
 def _bwd_data_spatial(spec: OpSpec, attrs: _Attrs, dst: Sequence[int], kernel, shape):
-    """Result size and pads of the backward-data ops (SEMANTICS.md rules 1 and 2)."""
+    """Result size and pads of the backward-data ops (docs/semantics.md, rules 1 and 2)."""
     rank = len(dst)
     if spec.kind == "ConvolutionBackpropData":
         if shape is not None:

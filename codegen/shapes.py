@@ -13,7 +13,7 @@ int()), so that they also work on torch's SymInts while torch.compile traces dyn
 shapes. The ones that compare values (`tf_same_pads`, `transposed_same_pads`) say so
 and are only called with concrete integers.
 
-Layouts are named as in SEMANTICS.md: data "NCX" (N, C, spatial...) or "NXC"
+Layouts are named as in docs/semantics.md: data "NCX" (N, C, spatial...) or "NXC"
 (N, spatial..., C); weights "OIX" (O, I/g, k...), "XIO" (k..., I/g, O) and "OXI"
 (O, k..., I/g), in the forward problem's terms, or their ConvTranspose spellings
 "IOX", "XOI" and "IXO", which place the axes alike.
@@ -45,7 +45,7 @@ def conv_output_size(size, extent, stride, pb, pe):
 
 def transposed_output_size(size, extent, stride, pb, pe, output_padding=0):
     """The size of a transposed convolution of `size` inputs (torch's conv_transpose,
-    SEMANTICS.md rule 1): stride * (size - 1) + extent - pb - pe + output_padding (may
+    docs/semantics.md rule 1): stride * (size - 1) + extent - pb - pe + output_padding (may
     be <= 0 where the pads exceed it)."""
     return stride * (size - 1) + extent - pb - pe + output_padding
 
@@ -60,7 +60,7 @@ def fit_pad_end(outputs, size, extent, stride, pb):
 
 def tf_same_pads(size: int, extent: int, stride: int, upper: bool) -> tuple[int, int]:
     """(pads_begin, pads_end) of TensorFlow-style SAME padding of `size` inputs
-    (auto_pad same_upper/same_lower, SEMANTICS.md): ceil(size / stride) outputs, the
+    (auto_pad same_upper/same_lower, docs/semantics.md): ceil(size / stride) outputs, the
     odd pad at the end (`upper`) or at the beginning. Compares values: concrete
     integers only."""
     total = max(extent - (size % stride if size % stride else stride), 0)
@@ -71,7 +71,7 @@ def tf_same_pads(size: int, extent: int, stride: int, upper: bool) -> tuple[int,
 def transposed_same_pads(outputs: int, size: int, extent: int, stride: int,
                          output_padding: int, upper: bool) -> tuple[int, int]:
     """(pads_begin, pads_end) of ConvolutionBackpropData's auto_pad same_upper/same_lower
-    with an output_shape (SEMANTICS.md rule 1): the pads that crop the transposed
+    with an output_shape (docs/semantics.md rule 1): the pads that crop the transposed
     convolution of `outputs` inputs to `size`, the odd one at the beginning (`upper`,
     as ONNX's ConvTranspose crops) or at the end. Compares values: concrete integers
     only."""

@@ -1,4 +1,5 @@
-"""The public functions of SEMANTICS.md: one per op, plus execute and infer_shape."""
+"""The public functions of the contract (docs/semantics.md): one per op, plus execute and
+infer_shape."""
 
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def _new_result(call: BoundCall, dtype: np.dtype) -> np.ndarray:
 def execute(op_kind: str, inputs: Sequence, attrs: Mapping | None = None, *,
             out: np.ndarray | None = None, num_threads: int | None = None,
             tune: bool | str | None = None) -> np.ndarray:
-    """Runs `op_kind` (a name of SEMANTICS.md's first column) on `inputs` (the data
+    """Runs `op_kind` (a name of docs/semantics.md's first column) on `inputs` (the data
     arrays, then optionally the shape input) with `attrs` (spec attribute names).
     `tune`: True runs the plan tuned for these sizes and threads on this CPU, tuning
     it first if there is none (convgrad.tuning); "reuse" only uses tuned plans; False
@@ -215,7 +216,11 @@ def _op_function(kind: str):
                  f"it wins over the `{spec.shape_name}` attribute." if spec.shape_name else "")
     function.__doc__ = (
         f"{kind}: computes `{spec.output}` from `{spec.inputs[0]}` and `{spec.inputs[1]}`."
-        f"{shape_doc}\n\nAttributes are keywords with the spec's names (see SEMANTICS.md); "
+        f"{shape_doc}\n\nAttributes are keywords with the spec's names: strides, pads_begin, "
+        f"pads_end, dilations, auto_pad, groups, data_format, {spec.weights_attr}"
+        + (", output_padding" if spec.family == "bwd_data" else "")
+        + (f", {spec.shape_name}" if spec.shape_name else "")
+        + " (convgrad's docs/semantics.md gives their meaning and defaults); "
         "a scalar per-axis value applies to every spatial axis. `out` is an optional "
         "preallocated C-contiguous result, `num_threads` the OpenMP threads of this call, "
         "`tune` True/\"reuse\"/False to use (and with True make) a plan tuned for this "

@@ -1,6 +1,6 @@
-"""Independent numpy reference for the convolution-gradient ops of SEMANTICS.md.
+"""Independent numpy reference for the convolution-gradient ops of docs/semantics.md.
 
-Written straight from ``/work/shared/SEMANTICS.md`` and sharing nothing with the
+Written straight from the contract (``docs/semantics.md``) and sharing nothing with the
 code generator or the runtime. Everything is computed in float64; the caller
 rounds the result to the dtype under test.
 
@@ -433,9 +433,9 @@ def reference_shape(op_kind, input_shapes, attrs):
 def reference(op_kind, inputs, attrs):
     """Compute `op_kind` in float64 and return it in the requested output layout.
 
-    `inputs`: the two data arrays in the order of SEMANTICS.md's table, optionally
+    `inputs`: the two data arrays in the order of docs/semantics.md's table, optionally
     followed by the shape input (sequence or 1-D int array, or None). `attrs`: the
-    spec's attribute names; missing ones take SEMANTICS.md's defaults.
+    spec's attribute names; missing ones take the contract's defaults.
     """
     attrs = dict(attrs)
     a = np.asarray(inputs[0]).astype(np.float64)

@@ -1,6 +1,6 @@
 """convgrad inside PyTorch (`pip install convgrad[torch]`).
 
-- `convgrad.torch.ops`: the six ops of SEMANTICS.md as PyTorch custom ops
+- `convgrad.torch.ops`: the six ops of docs/semantics.md as PyTorch custom ops
   (`torch.ops.convgrad.<name>`) on CPU tensors of float32, float16 and bfloat16,
   contiguous or channels_last, with fake implementations (torch.compile) and autograd;
   the same names here take scalar attributes.

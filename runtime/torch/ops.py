@@ -1,4 +1,4 @@
-"""The six ops of SEMANTICS.md as PyTorch custom ops: `torch.ops.convgrad.<function>`.
+"""The six ops of docs/semantics.md as PyTorch custom ops: `torch.ops.convgrad.<function>`.
 
 Each op takes torch tensors in torch's logical layouts: data (N, C, spatial...), stored
 contiguous (the kernels' NCX) or channels_last (NXC; for 1-D data, the tensor of
