@@ -11,7 +11,11 @@ C++ compiler leaves Python's path with one warning; errors keep their messages.
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 import time
 import warnings
 
@@ -268,3 +272,53 @@ def test_opcheck_passes_for_every_op_on_the_cxx_path(native):
         torch.library.opcheck(cgt.OPS[name], (a.clone().requires_grad_(),
                                               b.clone().requires_grad_(), *attrs))
     assert native() > before
+
+
+SANITIZED = textwrap.dedent("""
+    import torch
+    from torch import nn
+    import convgrad.torch as cgt
+    from convgrad.torch import _native
+    assert _native.build(), "the C++ call path did not build"
+    for channels_last in (True,):  # as models train (both layouts: the tests above)
+        ref = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.ReLU(),
+                            nn.Conv2d(6, 3, 1))
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.copy_(torch.randint(-2, 3, p.shape))
+        ours = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1, groups=2), nn.ReLU(),
+                             nn.Conv2d(6, 3, 1))
+        ours.load_state_dict(ref.state_dict())
+        cgt.convert(ours)
+        x = torch.randint(-2, 3, (2, 4, 5, 5)).float()
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        for _ in range(2):  # the second step on the calls the C++ path keeps
+            xs = [x.clone().requires_grad_() for _ in range(2)]
+            outs = [m(v) for m, v in zip((ours, ref), xs)]
+            for out in outs:
+                (out * out).sum().backward()
+            assert torch.equal(outs[0], outs[1]) and torch.equal(xs[0].grad, xs[1].grad)
+            for a, b in zip(ours.parameters(), ref.parameters()):
+                assert torch.equal(a.grad, b.grad)
+                a.grad = b.grad = None
+    assert _native.kernel_runs() >= 10, _native.kernel_runs()
+    print("ok")
+""")
+
+
+def test_cxx_path_and_kernels_clean_under_sanitizers(tmp_path):
+    """The extension and the kernels built with AddressSanitizer and UBSan
+    (CONVGRAD_SANITIZE=1) run training steps on integer data, equal to torch.nn's: any
+    bad access aborts the child."""
+    from test_sanitizers import ASAN, UBSAN
+
+    if ASAN is None or UBSAN is None:
+        pytest.skip("the C compiler has no AddressSanitizer or UBSan runtime")
+    env = {**os.environ, "CONVGRAD_SANITIZE": "1", "LD_PRELOAD": f"{ASAN} {UBSAN}",
+           "ASAN_OPTIONS": "detect_leaks=0", "CONVGRAD_CACHE_DIR": str(tmp_path / "cache"),
+           "CONVGRAD_COMPILE": "block", _native.ENV: "on"}
+    result = subprocess.run([sys.executable, "-c", SANITIZED], capture_output=True,
+                            text=True, env=env, timeout=900, check=False)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
+    assert list((tmp_path / "cache" / _native.FOLDER).glob("*.so"))  # the sanitized build
