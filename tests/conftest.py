@@ -23,9 +23,11 @@ os.environ.setdefault("CONVGRAD_TORCH_NATIVE", "off")
 def pytest_collection_modifyitems(config, items):
     """Heavy sweeps (marked slow) are deselected, not skipped, unless CONVGRAD_SLOW_TESTS=1:
     the default run reports them apart from tests that could not run. The sanitizer
-    tests (1-2 minutes each) go first, so that test workers fill the time around them
+    tests (1-2 minutes each: test_sanitizers.py and the front ends' tests named
+    "...under_sanitizers") go first, so that test workers fill the time around them
     instead of running them alone at the end."""
-    items.sort(key=lambda item: item.path.name != "test_sanitizers.py")  # stable
+    items.sort(key=lambda item: item.path.name != "test_sanitizers.py"
+               and "under_sanitizers" not in item.name)  # stable
     if os.environ.get("CONVGRAD_SLOW_TESTS") == "1":
         return
     slow = [item for item in items if "slow" in item.keywords]
