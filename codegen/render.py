@@ -16,6 +16,17 @@ from convgrad.codegen.plan import EMPTY_PLAN, render_context
 
 PACKAGE_VERSION = "0.1.0"
 
+# How an AOT folder's kernels run their parallel regions (convgrad aot --threading):
+# OpenMP threads (the runtime's only mode), or the calling thread alone, with no OpenMP
+# runtime linked (the prelude spells the few omp_* calls for one thread).
+THREADING_MODES = ("openmp", "sequential")
+
+
+def _threading(threading: str) -> str:
+    if threading not in THREADING_MODES:
+        raise ValueError(f"threading {threading!r} is not one of {list(THREADING_MODES)}")
+    return threading
+
 
 def _template_dir() -> Path:
     return Path(str(resources.files("convgrad.templates")))
@@ -47,13 +58,16 @@ def generator_version() -> str:
     return f"{PACKAGE_VERSION}+{digest.hexdigest()[:12]}"
 
 
-def render(config: KernelConfig, plan: Mapping[str, int] | None = None) -> str:
+def render(config: KernelConfig, plan: Mapping[str, int] | None = None,
+           threading: str = "openmp") -> str:
     """C source of one kernel; the exported function is named
     `plan.kernel_name(config, plan)` (`config.name` for the default plan). The source
     names the package version, not `generator_version()`: an edit of the generator
-    that leaves a kernel's C as it was leaves its cache key (a hash of the C) too."""
+    that leaves a kernel's C as it was leaves its cache key (a hash of the C) too.
+    `threading` is one of THREADING_MODES (only the prelude differs)."""
     template = _environment().get_template("kernel.c.j2")
-    return template.render(**render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN))
+    return template.render(**render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN),
+                           threading=_threading(threading))
 
 
 class _Recording(jinja2.BaseLoader):
@@ -75,7 +89,7 @@ def templates_of(config: KernelConfig, plan: Mapping[str, int] | None = None) ->
     recording = _Recording(base.loader)
     environment = base.overlay(loader=recording, cache_size=0)
     environment.get_template("kernel.c.j2").render(
-        **render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN))
+        **render_context(config, PACKAGE_VERSION, plan or EMPTY_PLAN), threading="openmp")
     return tuple(recording.loaded)
 
 
@@ -84,10 +98,11 @@ def source_digest(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()
 
 
-def render_prelude(isa: str) -> str:
+def render_prelude(isa: str, threading: str = "openmp") -> str:
     """The #include lines every kernel of `isa` starts with (`prelude.h.j2`), the text
     a precompiled header is made of."""
-    return _environment().get_template("prelude.h.j2").render(simd=SIMD[isa])
+    return _environment().get_template("prelude.h.j2").render(
+        simd=SIMD[isa], threading=_threading(threading))
 
 
 def render_dims_declaration() -> str:
@@ -121,3 +136,9 @@ def render_header(names: list[str], aliases: dict[str, str] | None = None,
     template = _environment().get_template("header.h.j2")
     return template.render(names=names, aliases=aliases or {}, swapped=set(swapped),
                            generator_version=generator_version())
+
+
+def render_aot_file(template: str, **context) -> str:
+    """A file of an AOT folder other than the kernels and the header (the Makefile and
+    CMake fragments), from its template."""
+    return _environment().get_template(template).render(**context)

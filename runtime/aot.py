@@ -39,7 +39,7 @@ from convgrad.codegen.config import ISAS
 from convgrad.codegen.isa import ISA_FEATURES
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
 from convgrad.codegen.plan import candidates, check_plan, kernel_name, vendor_plan
-from convgrad.codegen.render import render_header
+from convgrad.codegen.render import render_aot_file, render_header
 from convgrad.codegen.targets import Target
 from convgrad.compiler import (
     archive,
@@ -159,10 +159,12 @@ def plans_from(records: list[dict], configs) -> dict[KernelConfig, dict]:
 
 def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
           progress=None, tuned: dict[KernelConfig, dict] | None = None,
-          target: Target | None = None) -> BuildResult:
+          target: Target | None = None, threading: str = "openmp") -> BuildResult:
     """Renders, compiles and links the kernels of `layers` into `output`, each with
     its tuned plan where `tuned` has a record for it, else the planner's rules for the
-    target's vendor (this CPU's without a target).
+    target's vendor (this CPU's without a target). `threading` (THREADING_MODES):
+    "openmp" kernels run their parallel regions on OpenMP threads, "sequential" ones on
+    the calling thread, built without OpenMP (the library needs only libc and libm).
 
     The folder is written fully before its manifest, which is replaced
     atomically, so a reader never sees a manifest naming missing kernels."""
@@ -181,17 +183,18 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     seconds: dict[KernelConfig, float] = {}
     digests: dict[KernelConfig, str] = {}
     # Many kernels follow: build the precompiled prelude first (in the kernel cache).
-    pch.include_flags(isa, cache_dir(), wait=True)
+    pch.include_flags(isa, cache_dir(), wait=True, threading=threading)
     with tempfile.TemporaryDirectory(prefix="convgrad-aot-") as tmp:
         def compile_one(config: KernelConfig) -> Path:
             begin = time.perf_counter()
             name = kernel_name(config, plans[config])
             c_file = sources / f"{name}.c"
-            source = render(config, plans[config])
+            source = render(config, plans[config], threading)
             digests[config] = source_digest(source)
             c_file.write_text(source)
             obj = Path(tmp) / f"{name}.o"
-            pch.compile_kernel([c_file], obj, isa, cache_dir(), shared=False)
+            pch.compile_kernel([c_file], obj, isa, cache_dir(), shared=False,
+                               threading=threading)
             seconds[config] = time.perf_counter() - begin
             if progress:
                 progress(len(seconds), len(configs), name)
@@ -200,7 +203,7 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             objects = list(pool.map(compile_one, configs))
         library = Path(tmp) / LIBRARY
-        link_shared(objects, library, isa)
+        link_shared(objects, library, isa, threading)
         os.replace(shutil.copy(library, output / f".{LIBRARY}.tmp"), output / LIBRARY)
         archive(objects, Path(tmp) / STATIC_LIBRARY)
         os.replace(shutil.copy(Path(tmp) / STATIC_LIBRARY, output / f".{STATIC_LIBRARY}.tmp"),
@@ -210,8 +213,8 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     (output / HEADER).write_text(render_header(
         list(names.values()), {alias: names[config] for alias, config, _ in aliases.values()},
         [alias for alias, _, swapped in aliases.values() if swapped]))
-    (output / "convgrad.mk").write_text(MAKE_FRAGMENT)
-    (output / "convgrad.cmake").write_text(CMAKE_FRAGMENT)
+    for name in ("convgrad.mk", "convgrad.cmake"):
+        (output / name).write_text(render_aot_file(f"{name}.j2", openmp=threading == "openmp"))
     manifest = {
         "generator_version": generator_version(),
         "target": target.to_dict() if target else None,
@@ -219,7 +222,8 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
         "isa": isa,
         "cpu_features": sorted(ISA_FEATURES[isa]),
         "compiler": compiler_identity(),
-        "flags": list(compile_flags(isa)),
+        "threading": threading,
+        "flags": list(compile_flags(isa, threading)),
         "library": LIBRARY,
         "library_sha256": file_digest(output / LIBRARY),
         "static_library": STATIC_LIBRARY,
@@ -242,29 +246,6 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     temporary.write_text(json.dumps(manifest, indent=1))
     os.replace(temporary, output / "manifest.json")
     return BuildResult(output, configs, seconds, time.perf_counter() - started, plans)
-
-
-MAKE_FRAGMENT = """\
-# convgrad kernels built ahead of time. In a Makefile:
-#   include path/to/convgrad.mk
-#   CFLAGS += $(CONVGRAD_CFLAGS)
-#   LDLIBS += $(CONVGRAD_LIBS)
-CONVGRAD_DIR := $(dir $(lastword $(MAKEFILE_LIST)))
-CONVGRAD_CFLAGS := -I$(CONVGRAD_DIR)
-CONVGRAD_LIBS := $(CONVGRAD_DIR)libconvgrad_kernels.a -fopenmp
-"""
-
-CMAKE_FRAGMENT = """\
-# convgrad kernels built ahead of time. In CMakeLists.txt:
-#   include(path/to/convgrad.cmake)
-#   target_link_libraries(my_program PRIVATE convgrad_kernels)
-find_package(OpenMP REQUIRED COMPONENTS C)
-add_library(convgrad_kernels STATIC IMPORTED)
-set_target_properties(convgrad_kernels PROPERTIES
-    IMPORTED_LOCATION "${CMAKE_CURRENT_LIST_DIR}/libconvgrad_kernels.a"
-    INTERFACE_INCLUDE_DIRECTORIES "${CMAKE_CURRENT_LIST_DIR}"
-    INTERFACE_LINK_LIBRARIES OpenMP::OpenMP_C)
-"""
 
 
 def _layer_aliases(configs: dict[KernelConfig, list[Layer]],

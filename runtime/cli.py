@@ -32,6 +32,7 @@ from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
 from convgrad.codegen.layers import DEFAULT_OPS, OP_ALIASES, Layer
 from convgrad.codegen.plan import vendor_plan
+from convgrad.codegen.render import THREADING_MODES
 from convgrad.codegen.targets import host, target
 from convgrad.cpu import available_isas, cpu_vendor
 
@@ -99,6 +100,10 @@ def _add_aot_parser(commands) -> None:
                              "sapphirerapids, aarch64, neoverse_n1, neoverse_v1, riscv64, ...): "
                              "the best ISA path convgrad has for it, with archspec's compiler "
                              "flags (give a cross compiler with --cc)")
+    parser.add_argument("--threading", default="openmp", choices=list(THREADING_MODES),
+                        help="how the folder's kernels run their parallel regions: on OpenMP "
+                             "threads (default), or sequential: on the calling thread, built "
+                             "without OpenMP (the library needs only libc and libm)")
     parser.add_argument("--cc", default=None,
                         help="C compiler (default: $CC, else cc), e.g. a cross compiler")
     parser.add_argument("--cflags", default=None,
@@ -273,7 +278,7 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 progress.update(task, completed=done, total=total, item=name)
 
             result = aot.build(layers, output, isa=isa, jobs=args.jobs, progress=advance,
-                               tuned=tuned, target=named)
+                               tuned=tuned, target=named, threading=args.threading)
         vendor = named.vendor if named else cpu_vendor()
         configs, seconds = result.configs, result.compile_seconds
         out.print(_table(["kernel", "layers", "plan", "compile s"],

@@ -11,6 +11,7 @@ from functools import cache
 from pathlib import Path
 
 from convgrad.codegen.isa import ISA_EXTRA_FLAGS, ISA_FLAGS
+from convgrad.codegen.render import THREADING_MODES
 from convgrad.codegen.targets import compiler_kind, target
 
 BASE_FLAGS = ("-O3", "-std=gnu11", "-fPIC", "-fopenmp", "-fno-math-errno")
@@ -46,14 +47,21 @@ SANITIZE_FLAGS = ("-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=
                   "-fno-omit-frame-pointer", "-g")
 
 
-def compile_flags(isa: str) -> tuple[str, ...]:
+def compile_flags(isa: str, threading: str = "openmp") -> tuple[str, ...]:
     """Every flag a kernel is compiled and linked with: the ISA path's, or with
     CONVGRAD_TARGET (convgrad aot --target) that target's flags for this compiler plus
-    what the path needs on top; CONVGRAD_CFLAGS adds more."""
+    what the path needs on top; CONVGRAD_CFLAGS adds more. `threading` "sequential"
+    (convgrad aot --threading, codegen's THREADING_MODES) drops every -fopenmp flag: no
+    OpenMP runtime is linked."""
     named = os.environ.get("CONVGRAD_TARGET", "").strip()
-    return _compile_flags(isa, os.environ.get("CONVGRAD_CFLAGS", ""),
-                          os.environ.get("CONVGRAD_SANITIZE") == "1", named,
-                          compiler_identity() if named else "")
+    flags = _compile_flags(isa, os.environ.get("CONVGRAD_CFLAGS", ""),
+                           os.environ.get("CONVGRAD_SANITIZE") == "1", named,
+                           compiler_identity() if named else "")
+    if threading not in THREADING_MODES:
+        raise ValueError(f"threading {threading!r} is not one of {list(THREADING_MODES)}")
+    if threading == "sequential":
+        return tuple(flag for flag in flags if not flag.startswith("-fopenmp"))
+    return flags
 
 
 @cache
@@ -87,12 +95,13 @@ def compiler_identity() -> str:
 
 
 def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = True,
-                    extra: tuple[str, ...] = (), parts: int = 1) -> None:
+                    extra: tuple[str, ...] = (), parts: int = 1,
+                    threading: str = "openmp") -> None:
     """Compiles C sources into a shared library (or, with shared=False, one object);
     `extra` flags (a precompiled prelude) do not change what is built. `parts` > 1 (a
     shared library of one kernel whose tiles carry IN_PART guards, functions.h.j2):
     that many compilations with -DCONVGRAD_PART=0, 1, ... run at once, then one link."""
-    flags = compile_flags(isa)
+    flags = compile_flags(isa, threading)
     compile_only = tuple(f for f in flags if f not in LINK_FLAGS) + ("-c",)
     if parts == 1 or not shared:
         _run([[*compiler_command(), *(flags if shared else compile_only), *extra,
@@ -101,14 +110,15 @@ def compile_objects(sources: list[Path], output: Path, isa: str, shared: bool = 
     objects = [output.with_name(f"{output.name}.part{part}.o") for part in range(parts)]
     _run([[*compiler_command(), *compile_only, f"-DCONVGRAD_PART={part}", *extra,
            "-o", str(obj), *map(str, sources)] for part, obj in enumerate(objects)], sources)
-    link_shared(objects, output, isa)
+    link_shared(objects, output, isa, threading)
     for obj in objects:
         obj.unlink(missing_ok=True)
 
 
-def link_shared(objects: list[Path], output: Path, isa: str) -> None:
+def link_shared(objects: list[Path], output: Path, isa: str,
+                threading: str = "openmp") -> None:
     """Links compiled objects into one shared library."""
-    _run([[*compiler_command(), *compile_flags(isa), "-o", str(output),
+    _run([[*compiler_command(), *compile_flags(isa, threading), "-o", str(output),
            *map(str, objects)]], objects)
 
 

@@ -141,7 +141,8 @@ def _read_manifests() -> dict[KernelConfig, tuple[Path, str, dict]]:
             for entry in data["kernels"]:
                 config = KernelConfig.from_dict(entry["config"])
                 plan = check_plan(entry.get("plan", {}))
-                if other and entry.get("source_sha256") != source_digest(render(config, plan)):
+                if other and entry.get("source_sha256") != source_digest(
+                        render(config, plan, data.get("threading", "openmp"))):
                     stale += 1
                     continue
                 index.setdefault(config, (library, kernel_name(config, plan), plan))

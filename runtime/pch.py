@@ -76,32 +76,33 @@ def wanted(isa: str) -> bool:
         return False
 
 
-def _header_flags(isa: str) -> tuple[str, ...]:
+def _header_flags(isa: str, threading: str = "openmp") -> tuple[str, ...]:
     """The compile flags without the link flags: what the header is compiled with."""
-    return tuple(flag for flag in compile_flags(isa) if flag not in LINK_FLAGS)
+    return tuple(flag for flag in compile_flags(isa, threading) if flag not in LINK_FLAGS)
 
 
-def header_path(isa: str, cache_folder: Path) -> Path:
+def header_path(isa: str, cache_folder: Path, threading: str = "openmp") -> Path:
     """Where the prelude of `isa` for this compiler and these flags lives (its
     precompiled form is this path plus `.gch`)."""
-    material = json.dumps([compiler_command(), compiler_identity(), _header_flags(isa),
-                           render_prelude(isa)])
+    material = json.dumps([compiler_command(), compiler_identity(),
+                           _header_flags(isa, threading), render_prelude(isa, threading)])
     digest = hashlib.sha256(material.encode()).hexdigest()[:16]
     return cache_folder / FOLDER / digest / HEADER
 
 
-def include_flags(isa: str, cache_folder: Path, wait: bool = False) -> tuple[str, ...]:
+def include_flags(isa: str, cache_folder: Path, wait: bool = False,
+                  threading: str = "openmp") -> tuple[str, ...]:
     """Flags that make a kernel compile of `isa` use the precompiled prelude, or () when
     there is none (yet): the first call in a cache starts building it and, unless
     `wait`, returns () at once. A running build is left alone: it may belong to another
     process."""
     if not wanted(isa):
         return ()
-    header = header_path(isa, cache_folder)
+    header = header_path(isa, cache_folder, threading)
     gch = header.with_name(HEADER + ".gch")
     if not gch.exists():
         try:
-            build = _start(isa, header, gch)
+            build = _start(isa, header, gch, threading)
         except OSError as error:  # an unwritable cache: compile without it
             log.debug("precompiled header not built in %s: %s", header.parent, error)
             return ()
@@ -115,24 +116,27 @@ def include_flags(isa: str, cache_folder: Path, wait: bool = False) -> tuple[str
 
 
 def compile_kernel(sources: list[Path], output: Path, isa: str, cache_folder: Path, *,
-                   shared: bool = True, wait: bool = False, parts: int = 1) -> None:
+                   shared: bool = True, wait: bool = False, parts: int = 1,
+                   threading: str = "openmp") -> None:
     """compiler.compile_objects (in `parts` compilations at once) with the precompiled
     prelude of `cache_folder` when there is one. A compile that fails with it is tried
     again without it, and the precompiled header is removed (to be built anew): a
     damaged one must not fail a build."""
-    prelude = include_flags(isa, cache_folder, wait=wait)
+    prelude = include_flags(isa, cache_folder, wait=wait, threading=threading)
+    # only AOT builds choose the threading: the runtime's calls stay as they were
+    mode = {"threading": threading} if threading != "openmp" else {}
     try:
-        compile_objects(sources, output, isa, shared=shared, extra=prelude, parts=parts)
+        compile_objects(sources, output, isa, shared=shared, extra=prelude, parts=parts, **mode)
     except CompileError:
         if not prelude:
             raise
         log.warning("compiling with the precompiled header %s.gch failed; compiling "
                     "without it and removing it", prelude[1])
         Path(prelude[1] + ".gch").unlink(missing_ok=True)
-        compile_objects(sources, output, isa, shared=shared, parts=parts)
+        compile_objects(sources, output, isa, shared=shared, parts=parts, **mode)
 
 
-def _start(isa: str, header: Path, gch: Path) -> subprocess.Popen | None:
+def _start(isa: str, header: Path, gch: Path, threading: str) -> subprocess.Popen | None:
     """Starts the background build of `gch` from `header`, unless this or another
     process is building it (a marker file, created exclusively, says so; one older than
     STALE_SECONDS is from a build that died)."""
@@ -149,10 +153,11 @@ def _start(isa: str, header: Path, gch: Path) -> subprocess.Popen | None:
     except FileExistsError:
         return None
     text = header.with_name(f".{HEADER}.{os.getpid()}.tmp")
-    text.write_text(render_prelude(isa))
+    text.write_text(render_prelude(isa, threading))
     os.replace(text, header)
     tmp = gch.with_name(f".{gch.name}.{os.getpid()}.tmp")
-    command = [*compiler_command(), *_header_flags(isa), "-x", "c-header", str(header)]
+    command = [*compiler_command(), *_header_flags(isa, threading), "-x", "c-header",
+               str(header)]
     log.debug("building precompiled header %s", gch)
     build = subprocess.Popen(["sh", "-c", _BUILD_SCRIPT, "sh", str(tmp), str(gch), str(marker),
                               *command],
