@@ -32,15 +32,31 @@ def _template_dir() -> Path:
     return Path(str(resources.files("convgrad.templates")))
 
 
+# The version of an AOT folder's C interface (convgrad_kernels.h's CONVGRAD_ABI_VERSION):
+# the kernel signature, convgrad_dims, convgrad_layer and the table's functions. Any
+# change to them that a program compiled against the old header would misread raises it.
+ABI_VERSION = 1
+
+
 @cache
 def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
+    environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_template_dir()),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
     )
+    environment.filters["c_string"] = c_string
+    return environment
+
+
+def c_string(text: str) -> str:
+    """`text` as a C string literal: its UTF-8 bytes, with quotes, backslashes, `?` (no
+    trigraphs) and every byte outside printable ASCII as an escape."""
+    spelled = [chr(byte) if 32 <= byte < 127 and chr(byte) not in '"\\?' else f"\\{byte:03o}"
+               for byte in text.encode()]
+    return '"' + "".join(spelled) + '"'
 
 
 @cache
@@ -135,7 +151,22 @@ def render_header(names: list[str], aliases: dict[str, str] | None = None,
     that passes them on swapped."""
     template = _environment().get_template("header.h.j2")
     return template.render(names=names, aliases=aliases or {}, swapped=set(swapped),
-                           generator_version=generator_version())
+                           generator_version=generator_version(), abi_version=ABI_VERSION)
+
+
+def render_table(layers: list[dict]) -> str:
+    """The C source of an AOT folder's layer table and interface functions (the end of
+    header.h.j2). Each layer: its "name", "op", "kernel" (C name), "alias" (C identifier
+    of its alias in the header), "config" (KernelConfig) and "swapped" (its kernel takes
+    the inputs swapped)."""
+    def padded(values: tuple) -> str:
+        return "{" + ", ".join(map(str, (*values, *(1,) * (3 - len(values))))) + "}"
+
+    spelled = [{**layer, "kernel_size": padded(layer["config"].kernel),
+                "strides": padded(layer["config"].strides),
+                "dilations": padded(layer["config"].dilations)} for layer in layers]
+    return _environment().get_template("kernel_table.c.j2").render(
+        layers=spelled, generator_version=generator_version())
 
 
 def render_aot_file(template: str, **context) -> str:

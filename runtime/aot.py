@@ -39,11 +39,12 @@ from convgrad.codegen.config import ISAS
 from convgrad.codegen.isa import ISA_FEATURES
 from convgrad.codegen.layers import DEFAULT_OPS, Layer, conv_layers, load_json, parse_benchdnn
 from convgrad.codegen.plan import candidates, check_plan, kernel_name, vendor_plan
-from convgrad.codegen.render import render_aot_file, render_header
+from convgrad.codegen.render import ABI_VERSION, render_aot_file, render_header, render_table
 from convgrad.codegen.targets import Target
 from convgrad.compiler import (
     archive,
     compile_flags,
+    compile_objects,
     compiler_identity,
     link_shared,
 )
@@ -55,6 +56,7 @@ from convgrad.reference import reference
 LIBRARY = "libconvgrad_kernels.so"
 STATIC_LIBRARY = "libconvgrad_kernels.a"
 HEADER = "convgrad_kernels.h"
+TABLE_SOURCE = "convgrad_table.c"  # in src/: the layer table and the interface functions
 TUNED_PLANS = "tuned_plans.json"
 BUILTIN_SHAPES = "shapes_resnet_50"
 
@@ -182,6 +184,15 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     sources.mkdir(exist_ok=True)
     seconds: dict[KernelConfig, float] = {}
     digests: dict[KernelConfig, str] = {}
+    names = {config: kernel_name(config, plan) for config, plan in plans.items()}
+    aliases = _layer_aliases(configs)
+    (output / HEADER).write_text(render_header(
+        list(names.values()), {alias: names[config] for alias, config, _ in aliases.values()},
+        [alias for alias, _, swapped in aliases.values() if swapped]))
+    table = sources / TABLE_SOURCE
+    table.write_text(render_table([
+        {"name": name, "op": op, "kernel": names[config], "alias": alias, "config": config,
+         "swapped": swapped} for (op, name), (alias, config, swapped) in aliases.items()]))
     # Many kernels follow: build the precompiled prelude first (in the kernel cache).
     pch.include_flags(isa, cache_dir(), wait=True, threading=threading)
     with tempfile.TemporaryDirectory(prefix="convgrad-aot-") as tmp:
@@ -202,17 +213,15 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             objects = list(pool.map(compile_one, configs))
+        objects.append(Path(tmp) / table.with_suffix(".o").name)
+        compile_objects([table], objects[-1], isa, shared=False, extra=("-I", str(output)),
+                        threading=threading)
         library = Path(tmp) / LIBRARY
         link_shared(objects, library, isa, threading)
         os.replace(shutil.copy(library, output / f".{LIBRARY}.tmp"), output / LIBRARY)
         archive(objects, Path(tmp) / STATIC_LIBRARY)
         os.replace(shutil.copy(Path(tmp) / STATIC_LIBRARY, output / f".{STATIC_LIBRARY}.tmp"),
                    output / STATIC_LIBRARY)
-    names = {config: kernel_name(config, plan) for config, plan in plans.items()}
-    aliases = _layer_aliases(configs)
-    (output / HEADER).write_text(render_header(
-        list(names.values()), {alias: names[config] for alias, config, _ in aliases.values()},
-        [alias for alias, _, swapped in aliases.values() if swapped]))
     for name in ("convgrad.mk", "convgrad.cmake"):
         (output / name).write_text(render_aot_file(f"{name}.j2", openmp=threading == "openmp"))
     manifest = {
@@ -228,6 +237,7 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
         "library_sha256": file_digest(output / LIBRARY),
         "static_library": STATIC_LIBRARY,
         "header": HEADER,
+        "abi_version": ABI_VERSION,
         "kernels": [
             {"name": names[c], "config": c.to_dict(), "source": f"src/{names[c]}.c",
              "source_sha256": digests[c], "plan": plans[c],
