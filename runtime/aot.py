@@ -33,6 +33,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from convgrad import api, kernels, pch, tuning
+from convgrad.aot_package import HEADER, LIBRARY, STATIC_LIBRARY, write_packages
 from convgrad.cache import cache_dir, file_digest
 from convgrad.codegen import OPS, KernelConfig, generator_version, render, source_digest
 from convgrad.codegen.config import ISAS
@@ -53,9 +54,6 @@ from convgrad.kernels import source_checkout
 from convgrad.onnx_layers import load_onnx
 from convgrad.reference import reference
 
-LIBRARY = "libconvgrad_kernels.so"
-STATIC_LIBRARY = "libconvgrad_kernels.a"
-HEADER = "convgrad_kernels.h"
 TABLE_SOURCE = "convgrad_table.c"  # in src/: the layer table and the interface functions
 TUNED_PLANS = "tuned_plans.json"
 BUILTIN_SHAPES = "shapes_resnet_50"
@@ -224,6 +222,7 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
                    output / STATIC_LIBRARY)
     for name in ("convgrad.mk", "convgrad.cmake"):
         (output / name).write_text(render_aot_file(f"{name}.j2", openmp=threading == "openmp"))
+    write_packages(output, threading)
     manifest = {
         "generator_version": generator_version(),
         "target": target.to_dict() if target else None,

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import convgrad
-from convgrad import aot, cache, kernels, pch, tuning
+from convgrad import aot, aot_package, cache, kernels, pch, tuning
 from convgrad import explain as explain_module
 from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
@@ -104,6 +104,10 @@ def _add_aot_parser(commands) -> None:
                         help="how the folder's kernels run their parallel regions: on OpenMP "
                              "threads (default), or sequential: on the calling thread, built "
                              "without OpenMP (the library needs only libc and libm)")
+    parser.add_argument("--install-prefix", type=Path, default=None, metavar="DIR",
+                        help="also install the folder's header, libraries, CMake package and "
+                             "pkg-config files into DIR (include/, lib/, lib/cmake/, "
+                             "lib/pkgconfig/)")
     parser.add_argument("--cc", default=None,
                         help="C compiler (default: $CC, else cc), e.g. a cross compiler")
     parser.add_argument("--cflags", default=None,
@@ -289,6 +293,12 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                   f"({aot.LIBRARY}, {aot.STATIC_LIBRARY}, {aot.HEADER}) in "
                   f"{result.seconds:.1f} s")
 
+    if args.install_prefix:
+        try:
+            installed = aot_package.install(output, args.install_prefix)
+        except OSError as error:
+            parser.error(f"--install-prefix: {error}")
+        out.print(f"installed {len(installed)} files into {args.install_prefix}")
     if not args.check:
         return 0
     os.environ["CONVGRAD_AOT_PATH"] = str(output)
