@@ -16,27 +16,27 @@ from convgrad.codegen.rules_amx import amx_tiles
 from convgrad.codegen.rules_common import (
     MAX_VECTOR_BLOCK,
     WIDE_VECTOR_BLOCK,
-    _reduced_channels,
-    _weight_sums_bytes,
+    reduced_channels,
     uses_bf16_dot,
+    weight_sums_bytes,
 )
 from convgrad.codegen.rules_data import (
     BAND_BYTES,
     COL_PIXELS,
     WEIGHT_CHUNK_BYTES,
-    _may_stream,
     band_bytes,
     col2im,
     col2im_eligible,
     col2im_tiles,
     direct_tiles,
     image_block_bytes,
+    may_stream,
     overlap_runs,
     pad_columns_below,
     pointwise_ncx_tiles,
 )
 from convgrad.codegen.rules_groups import (
-    _all_taps_vectors,
+    all_taps_vectors,
     data_across_groups,
     data_across_groups_eligible,
     depthwise_weight_rows,
@@ -91,7 +91,7 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
             rows = depthwise_weight_rows(config)
             flip = ([{"row_vb_inner": int(not rows["row_vb_inner"])}]
                     if rows["several_vec_blocks"] and not rows["pixel_sweep"] else [])
-            taps = [{"all_taps": 1}] if _all_taps_vectors(config) else []
+            taps = [{"all_taps": 1}] if all_taps_vectors(config) else []
             return [*flip, {"pixel_sweep": int(not rows["pixel_sweep"])},
                     *([{"slide": 1}] if slides else []), *taps]
         flip = ([{"group_lanes": int(not weights_across_groups(config)["group_lanes"])}]
@@ -112,7 +112,7 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
             rule = tiles["chunk_pixels"]  # half, double (up to 512) and 128
             found += [{"chunk_pixels": p} for p in sorted(
                 {rule // 2, CHUNK_PIXELS, min(rule * 2, PACKED_OVERLAP_CHUNK_PIXELS)} - {rule})]
-        if _weight_sums_bytes(config) > SUMS_IN_L2_BYTES:  # the other of pixels and bytes
+        if weight_sums_bytes(config) > SUMS_IN_L2_BYTES:  # the other of pixels and bytes
             found.append({"chunk_pixels": 0 if tiles["chunk_pixels"] else CHUNK_PIXELS})
         if tiles["max_slices"] > 1:
             found.append({"max_slices": 1})
@@ -144,7 +144,7 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
     blocks = [WIDE_VECTOR_BLOCK[isa]] if isa in WIDE_VECTOR_BLOCK and not config.depthwise else []
     found += [{"vec_block": b} for b in [*blocks, *range(MAX_VECTOR_BLOCK[isa], 1, -1)]
               if b != tiles["vec_block"]]
-    if _may_stream(config, EMPTY_PLAN):
+    if may_stream(config, EMPTY_PLAN):
         found.append({"stream_kb": 0})
     if config.depthwise:
         if config.strides[-1] == 1 and config.kernel[-1] > 1:
@@ -167,7 +167,7 @@ def _one_path_variations(config: KernelConfig) -> list[dict[str, int]]:
     if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:
         found.append({"ncx_in_place": int(not ncx["pointwise_ncx"])})
     if ncx["pointwise_ncx"]:
-        if ncx["ncx_reduce_chunk"] < _reduced_channels(config):
+        if ncx["ncx_reduce_chunk"] < reduced_channels(config):
             found.append({"ncx_pass_kb": 0})
         found.append({"ncx_head": int(not ncx["ncx_head"])})
     if prod(config.kernel) == 1 and VECTOR_LANES[isa] == 8:

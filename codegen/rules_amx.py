@@ -8,7 +8,7 @@ from math import prod
 
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.plan_choices import EMPTY_PLAN
-from convgrad.codegen.rules_common import _reduced_channels
+from convgrad.codegen.rules_common import reduced_channels
 
 # Outputs per band of the AMX path's KxK data gradients (amx_rows.h.j2): whole rows of
 # the input width plus the kernel's extent, about this many, copied per thread with their
@@ -34,7 +34,7 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
     one_by_one = all(k == 1 for k in config.kernel)
     pointwise = config.pointwise or (config.family == "bwd_data" and one_by_one)
     eligible = (config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
-                and _reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0)
+                and reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0)
     if not (eligible and plan.get("amx", 1)):
         return {"amx": False}
     if config.family == "bwd_weights":

@@ -57,13 +57,13 @@ def unrolled_tiles(isa: str, tiles: Iterable[tuple[int, int]]) -> list[tuple[int
     return [(rows, vecs) for rows, vecs in tiles if rows * vecs + vecs + 1 <= REGISTERS[isa]]
 
 
-def _last_part(total: int, size: int) -> int:
+def last_part(total: int, size: int) -> int:
     """The size of the last of ceil(total / size) parts of `size` (all of them full
     but the last)."""
     return total - (-(-total // size) - 1) * size
 
 
-def _power_of_two_floor(value: int) -> int:
+def power_of_two_floor(value: int) -> int:
     """The largest power of two <= value, at least 1."""
     return 1 << max(0, int(value).bit_length() - 1)
 
@@ -74,13 +74,13 @@ def uses_bf16_dot(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) ->
     the plan widens them to f32 (bf16_dot 0: the rule on Intel, vendor_plan, and for
     backward data whose result channels fill at most COL2IM_BF16_MAX_FILL of a vector,
     which then runs by col2im)."""
-    widen = _col2im_fills_better(config) and _lanes_filled(
+    widen = col2im_fills_better(config) and lanes_filled(
         config.cin_per_group, VECTOR_LANES[config.isa]) <= COL2IM_BF16_MAX_FILL
     return (config.dtype == "bf16" and config.isa == "avx512bf16" and not config.depthwise
             and bool(plan.get("bf16_dot", not widen)))
 
 
-def _reduced_channels(config: KernelConfig) -> int:
+def reduced_channels(config: KernelConfig) -> int:
     """Channels per group a data gradient (fwd, bwd_data) sums over at each tap."""
     return config.cout_per_group if config.family == "bwd_data" else config.cin_per_group
 
@@ -92,7 +92,7 @@ def partial_steps(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) ->
     if config.family == "bwd_weights":
         products = PARTIAL_PRODUCTS_WEIGHTS
     else:
-        reduced = _reduced_channels(config)
+        reduced = reduced_channels(config)
         taps = prod(config.kernel)
         total = reduced * taps  # products per output
         chains = PARTIAL_CHAINS if taps > 1 or total > PARTIAL_PRODUCTS else 1
@@ -100,7 +100,7 @@ def partial_steps(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) ->
     return products // 2 if uses_bf16_dot(config, plan) else products
 
 
-def _wide_vector_block(config: KernelConfig, across: bool) -> bool:
+def wide_vector_block(config: KernelConfig, across: bool) -> bool:
     """Whether the rules take WIDE_VECTOR_BLOCK for direct tiles (fwd, bwd_data) that
     run `across` the groups or over one group's channels (at most WIDE_MAX_CHANNELS of
     them, or 1x1)."""
@@ -109,14 +109,14 @@ def _wide_vector_block(config: KernelConfig, across: bool) -> bool:
             and (config.pointwise or config.vector_channels <= WIDE_MAX_CHANNELS))
 
 
-def _lane_channels(config: KernelConfig) -> int:
+def lane_channels(config: KernelConfig) -> int:
     """The channels a kernel across the groups (depthwise.c.j2) runs its lanes over: every
     channel of the result (a depthwise layer's vector_channels already are)."""
     return config.vector_channels * (1 if config.depthwise else config.groups)
 
 
-def _register_tiles(isa: str, block: int, last: int, taller_last: bool,
-                    plan: Mapping[str, int]) -> tuple[int, int, list[tuple[int, int]]]:
+def register_tiles(isa: str, block: int, last: int, taller_last: bool,
+                   plan: Mapping[str, int]) -> tuple[int, int, list[tuple[int, int]]]:
     """Heights of the tiles of `block` vectors and of the last vector block's (`last`
     vectors), and every (pixels, vectors) tile a kernel instantiates."""
     rows = max(1, min(MAX_TILE_ROWS, ACCUMULATORS[isa] // block,
@@ -140,21 +140,21 @@ def _register_tiles(isa: str, block: int, last: int, taller_last: bool,
 COL2IM_BF16_MAX_FILL = 0.25
 
 
-def _lanes_filled(count: int, lanes: int) -> float:
+def lanes_filled(count: int, lanes: int) -> float:
     """The share of the lanes `count` values use in whole vectors."""
     return count / (-(-count // lanes) * lanes)
 
 
-def _col2im_fills_better(config: KernelConfig) -> bool:
+def col2im_fills_better(config: KernelConfig) -> bool:
     """Backward data of one group whose columns (taps x result channels) fill more of
     their vectors' lanes than the result channels fill of theirs."""
     lanes, channels = VECTOR_LANES[config.isa], config.cin_per_group
     return (config.family == "bwd_data" and config.groups == 1
-            and _lanes_filled(channels, lanes)
-            < _lanes_filled(channels * prod(config.kernel), lanes))
+            and lanes_filled(channels, lanes)
+            < lanes_filled(channels * prod(config.kernel), lanes))
 
 
-def _weight_sums_bytes(config: KernelConfig) -> int:
+def weight_sums_bytes(config: KernelConfig) -> int:
     """Bytes of a weight gradient's f32 sums: every tap, input channel and vector of
     output channels of every group."""
     lanes = VECTOR_LANES[config.isa]
@@ -162,11 +162,11 @@ def _weight_sums_bytes(config: KernelConfig) -> int:
     return 4 * config.groups * prod(config.kernel) * config.cin_per_group * vectors * lanes
 
 
-def _kernel_extents(config: KernelConfig) -> list[int]:
+def kernel_extents(config: KernelConfig) -> list[int]:
     """Input pixels the dilated kernel spans along each spatial axis."""
     return [(k - 1) * d + 1 for k, d in zip(config.kernel, config.dilations, strict=True)]
 
 
-def _near_equal(total: int, most: int) -> int:
+def near_equal(total: int, most: int) -> int:
     """The size of near-equal parts of `total`, none above `most`."""
     return -(-total // -(-total // most))

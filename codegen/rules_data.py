@@ -15,17 +15,17 @@ from convgrad.codegen.rules_common import (
     MAX_VECTOR_BLOCK,
     PARTIAL_PRODUCTS,
     WIDE_VECTOR_BLOCK,
-    _col2im_fills_better,
-    _lane_channels,
-    _lanes_filled,
-    _last_part,
-    _near_equal,
-    _reduced_channels,
-    _register_tiles,
-    _wide_vector_block,
+    col2im_fills_better,
+    lane_channels,
+    lanes_filled,
+    last_part,
+    near_equal,
     partial_steps,
+    reduced_channels,
+    register_tiles,
     unrolled_tiles,
     uses_bf16_dot,
+    wide_vector_block,
 )
 from convgrad.codegen.rules_groups import LINE_FLOATS, data_across_groups
 
@@ -117,18 +117,18 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     pixels x vectors of the vectorised channels per tile."""
     lanes = VECTOR_LANES[config.isa]
     across = config.depthwise or data_across_groups(config, plan)  # lanes over all groups
-    channels = _lane_channels(config) if across else config.vector_channels
+    channels = lane_channels(config) if across else config.vector_channels
     vectors = -(-channels // lanes)
     rule = MAX_VECTOR_BLOCK[config.isa]
-    if _wide_vector_block(config, across):
+    if wide_vector_block(config, across):
         rule = WIDE_VECTOR_BLOCK[config.isa]
-    if _may_stream(config, plan):
+    if may_stream(config, plan):
         rule = STREAM_VECTOR_BLOCK.get(config.isa, rule)
     block = min(vectors, plan.get("vec_block", rule))
-    last = _last_part(vectors, block)
-    rows, rows_last, tiles = _register_tiles(config.isa, block, last, not across, plan)
+    last = last_part(vectors, block)
+    rows, rows_last, tiles = register_tiles(config.isa, block, last, not across, plan)
     # Reduced channels per pass: that chunk's weights for every tap stay in L2.
-    reduced = _reduced_channels(config)
+    reduced = reduced_channels(config)
     taps = prod(config.kernel)
     elem_bytes = 2 if uses_bf16_dot(config, plan) else 4
     chunk_bytes = plan.get("weight_chunk_kb", WEIGHT_CHUNK_BYTES // 1024) * 1024
@@ -204,7 +204,7 @@ def weight_packing(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -
     if uses_bf16_dot(config, plan):  # pairs of reduced channels as 32-bit words
         if inner in (vector, "X"):  # two rows interleaved (and transposed, for taps)
             return "v_pairs" if inner == vector else "tap_pairs"
-        pairs = inner == reduced and _reduced_channels(config) % 2 == 0
+        pairs = inner == reduced and reduced_channels(config) % 2 == 0
         return "r_rows" if pairs else "values"
     return {vector: "v_rows", reduced: "r_rows", "X": "tap_rows"}[inner]
 
@@ -222,8 +222,8 @@ def col2im(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> bool:
     columns fill more lanes and the result channels are fewer than a vector's lanes or
     fill at most COL2IM_MAX_FILL of their vectors)."""
     lanes, channels = VECTOR_LANES[config.isa], config.cin_per_group
-    rule = _col2im_fills_better(config) and (
-        channels < lanes or _lanes_filled(channels, lanes) <= COL2IM_MAX_FILL)
+    rule = col2im_fills_better(config) and (
+        channels < lanes or lanes_filled(channels, lanes) <= COL2IM_MAX_FILL)
     return col2im_eligible(config, plan) and bool(plan.get("col2im", rule))
 
 
@@ -243,8 +243,8 @@ def col2im_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     """Register tiles of col2im.c.j2: diff_dst pixels x vectors of columns."""
     vectors = -(-prod(config.kernel) * config.cin_per_group // VECTOR_LANES[config.isa])
     block = min(vectors, plan.get("vec_block", _col2im_block(config, vectors)))
-    last = _last_part(vectors, block)
-    rows, rows_last, tiles = _register_tiles(config.isa, block, last, True, plan)
+    last = last_part(vectors, block)
+    rows, rows_last, tiles = register_tiles(config.isa, block, last, True, plan)
     return {"vec_block": block, "vec_last": last, "tile_rows": rows,
             "tile_rows_last": rows_last, "tiles": tiles,
             "col_pixels": plan.get("col_pixels", COL_PIXELS),
@@ -276,14 +276,14 @@ NCX_HEAD_MIN_REDUCED = 128
 
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The channels-first pointwise plan of a data gradient (fwd, bwd_data), or none."""
-    reduced = _reduced_channels(config)
+    reduced = reduced_channels(config)
     if not (config.pointwise and config.data_format == "NCX" and config.dtype == "f32"
             and not config.depthwise
             and plan.get("ncx_in_place", reduced <= NCX_MAX_REDUCED)):
         return {"pointwise_ncx": False}
     out_channels = config.vector_channels
     rows = min(NCX_ROWS[config.isa], out_channels)
-    last = _last_part(out_channels, rows)
+    last = last_part(out_channels, rows)
     vecs = NCX_VECS[config.isa]
     return {"pointwise_ncx": True, "ncx_rows": rows, "ncx_vecs": vecs,
             "ncx_tiles": list(dict.fromkeys((r, v) for r in (rows, last)
@@ -293,8 +293,8 @@ def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PL
             "ncx_head": bool(plan.get("ncx_head", reduced >= NCX_HEAD_MIN_REDUCED)),
             # channel blocks per chunk: their weights stay in L2; near-equal chunks (171
             # blocks as 57 x 3, not 85 + 85 + 1: threads share the chunks' work evenly)
-            "ncx_block_chunk": _near_equal(-(-out_channels // rows),
-                                          max(1, WEIGHT_CHUNK_BYTES // (reduced * rows * 4)))}
+            "ncx_block_chunk": near_equal(-(-out_channels // rows),
+                                         max(1, WEIGHT_CHUNK_BYTES // (reduced * rows * 4)))}
 
 
 # Channels-first 1x1 tiles read a block of NCX_VECS pixel vectors of every reduced
@@ -310,7 +310,7 @@ NCX_L1_INPUT_BYTES = 32 * 1024
 def _ncx_reduce_chunk(config: KernelConfig, plan: Mapping[str, int], vecs: int) -> int:
     """Reduced channels per pass of the channels-first 1x1 tiles over a block of pixels
     (NCX_L1_INPUT_BYTES; plan ncx_pass_kb)."""
-    reduced = _reduced_channels(config)
+    reduced = reduced_channels(config)
     per_channel = vecs * VECTOR_LANES[config.isa] * 4
     steps = partial_steps(config, plan)
     if "ncx_pass_kb" in plan:
@@ -358,7 +358,7 @@ STREAM_VECTOR_BLOCK = {"avx2": 4}
 STREAM_STRIDE_1_LANES = (16,)
 
 
-def _may_stream(config: KernelConfig, plan: Mapping[str, int]) -> bool:
+def may_stream(config: KernelConfig, plan: Mapping[str, int]) -> bool:
     """Whether a data gradient's tiles may store its result past the caches: f32
     channels-last, written in place, in whole cache lines of every pixel (channels a
     multiple of a line), with non-temporal stores (x86); depthwise or across-group
@@ -366,7 +366,7 @@ def _may_stream(config: KernelConfig, plan: Mapping[str, int]) -> bool:
     run only on results that do not stream), and 1x1 backward-data kernels of one group's
     channels (direct.c.j2), with strides or on STREAM_STRIDE_1_LANES (see STREAM_MIN_KB)."""
     across = config.depthwise or data_across_groups(config, plan)
-    lines = (_lane_channels(config) if across else config.vector_channels) % LINE_FLOATS == 0
+    lines = (lane_channels(config) if across else config.vector_channels) % LINE_FLOATS == 0
     zeros = config.family == "bwd_data" and any(s > 1 for s in config.strides)
     pointwise = prod(config.kernel) == 1 and config.family == "bwd_data" and (
         zeros or VECTOR_LANES[config.isa] in STREAM_STRIDE_1_LANES)
@@ -379,8 +379,8 @@ def _may_stream(config: KernelConfig, plan: Mapping[str, int]) -> bool:
 
 def stream_min_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
     """Result bytes from which a depthwise.c.j2 kernel's tiles store past the caches (0:
-    never): where _may_stream and each vector block spans whole cache lines."""
-    if not _may_stream(config, plan):
+    never): where may_stream and each vector block spans whole cache lines."""
+    if not may_stream(config, plan):
         return 0
     if direct_tiles(config, plan)["vec_block"] * VECTOR_LANES[config.isa] % LINE_FLOATS:
         return 0
@@ -440,7 +440,7 @@ def image_block_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN
     return plan.get("image_block_kb", rule >> 10) << 10 if rule else 0
 
 
-def _rounds_in_tiles(config: KernelConfig) -> bool:
+def rounds_in_tiles(config: KernelConfig) -> bool:
     """f16/bf16 channels-last results: the last chunk's tiles round into the user's
     tensor, with no f32 pass over the whole result."""
     return (config.dtype != "f32" and config.data_format == "NXC"

@@ -14,8 +14,8 @@ from convgrad.codegen.rules_common import (
     ACCUMULATORS,
     MAX_VECTOR_BLOCK,
     PARTIAL_PRODUCTS,
-    _last_part,
-    _reduced_channels,
+    last_part,
+    reduced_channels,
     uses_bf16_dot,
 )
 
@@ -85,8 +85,8 @@ def weights_across_groups(config: KernelConfig, plan: Mapping[str, int] = EMPTY_
     outs = -(-config.cout_per_group // -(-config.cout_per_group // budget))
     vecs = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]),
                       budget // outs))
-    outs_last = _last_part(config.cout_per_group, outs)
-    vecs_last = _last_part(vectors, vecs)
+    outs_last = last_part(config.cout_per_group, outs)
+    vecs_last = last_part(vectors, vecs)
     return {"group_lanes": True, "k_block": outs, "vec_block": vecs,
             "tiles": list(dict.fromkeys((o, v) for o in (outs, outs_last)
                                         for v in (vecs, vecs_last))),
@@ -117,7 +117,7 @@ def data_across_groups_eligible(config: KernelConfig,
     in one register, so this bounds the chain as PARTIAL_PRODUCTS does elsewhere)."""
     return (config.family != "bwd_weights" and config.groups > 1 and not config.depthwise
             and not uses_bf16_dot(config, plan)
-            and prod(config.kernel) * _reduced_channels(config) <= MAX_SPREAD_PRODUCTS)
+            and prod(config.kernel) * reduced_channels(config) <= MAX_SPREAD_PRODUCTS)
 
 
 MAX_SPREAD_PRODUCTS = 2 * PARTIAL_PRODUCTS
@@ -164,7 +164,7 @@ DEPTHWISE_ROW_VB_INNER_BYTES = 1024
 DEPTHWISE_GROUP_KB = 512
 
 
-def _all_taps_vectors(config: KernelConfig) -> int:
+def all_taps_vectors(config: KernelConfig) -> int:
     """Channel vectors per register tile where every (kh, kw) tap of a kd stays in
     registers (0: the taps do not fit beside one vector of diff_dst)."""
     plane_taps = prod(config.kernel[-2:])
@@ -179,14 +179,14 @@ def depthwise_weight_rows(config: KernelConfig, plan: Mapping[str, int] = EMPTY_
     vectors = -(-config.groups // lanes)
     taps_w, dilation = config.kernel[-1], config.dilations[-1]
     window = (taps_w - 1) * dilation + 1
-    all_taps = _all_taps_vectors(config) > 0 and bool(plan.get("all_taps", 0))
+    all_taps = all_taps_vectors(config) > 0 and bool(plan.get("all_taps", 0))
     slide = (config.strides[-1] == 1 and taps_w > 1 and window <= MAX_UNROLLED_TAPS
              and bool(plan.get("slide", 0)) and not all_taps)
     per_vector = taps_w + window + 1 if slide else taps_w + 1
     budget = REGISTERS[config.isa] if slide else ACCUMULATORS[config.isa]
-    most = _all_taps_vectors(config) if all_taps else budget // per_vector
+    most = all_taps_vectors(config) if all_taps else budget // per_vector
     block = max(1, min(vectors, plan.get("vec_block", MAX_VECTOR_BLOCK[config.isa]), most))
-    last = _last_part(vectors, block)
+    last = last_part(vectors, block)
     several = vectors > block  # vector blocks per pixel
     partial_lines = block * lanes % LINE_FLOATS != 0  # a vector block's part of a pixel
     sweep = bool(plan.get("pixel_sweep", config.strides[-1] > 1 and several

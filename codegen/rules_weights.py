@@ -13,14 +13,14 @@ from convgrad.codegen.plan_choices import EMPTY_PLAN
 from convgrad.codegen.rules_common import (
     ACCUMULATORS,
     MAX_VECTOR_BLOCK,
-    _kernel_extents,
-    _last_part,
-    _near_equal,
-    _power_of_two_floor,
-    _weight_sums_bytes,
+    kernel_extents,
+    last_part,
+    near_equal,
     partial_steps,
+    power_of_two_floor,
     unrolled_tiles,
     uses_bf16_dot,
+    weight_sums_bytes,
 )
 from convgrad.codegen.rules_data import STEP_UNROLL, image_block_bytes
 
@@ -187,7 +187,7 @@ INTEL_IN_PLACE_CIN = {16: (1, 511), 8: (128, 1024)}
 INTEL_IN_PLACE_MAX_COUT = {16: 256, 8: 64}
 
 
-def _feeds_packing(config: KernelConfig) -> bool:
+def feeds_packing(config: KernelConfig) -> bool:
     """Whether each value a weight gradient packs into panels feeds at least
     PACKED_MIN_FMAS multiply-adds, so that packing can pay where the rules do not read in
     place. Read in place, channels-last rows a power of two apart share a few cache sets
@@ -201,7 +201,7 @@ def _feeds_packing(config: KernelConfig) -> bool:
     return fmas_per_value >= PACKED_MIN_FMAS
 
 
-def _nxc_in_place(config: KernelConfig, intel: bool = False) -> bool:
+def nxc_in_place(config: KernelConfig, intel: bool = False) -> bool:
     """Whether a channels-last weight gradient's tiles read both inputs in place by the
     rules (IN_PLACE_MAX_CIN and the limits beside it), or by Intel's (`intel`)."""
     lanes = VECTOR_LANES[config.isa]
@@ -215,7 +215,7 @@ def _nxc_in_place(config: KernelConfig, intel: bool = False) -> bool:
         low, high = INTEL_IN_PLACE_CIN[lanes]
         return (one_tap and config.pointwise and low <= cin <= high
                 and cout <= INTEL_IN_PLACE_MAX_COUT[lanes])
-    sums = _weight_sums_bytes(config)
+    sums = weight_sums_bytes(config)
     return (cin <= IN_PLACE_MAX_CIN[lanes] and cout <= IN_PLACE_MAX_COUT[lanes]
             and sums <= IN_PLACE_MAX_SUMS.get(lanes, sums))
 
@@ -224,8 +224,8 @@ def _max_slices(sums_bytes: int, plan: Mapping[str, int]) -> int:
     """Most pixel slices of a weight gradient: several only while the sums stay in L2."""
     if sums_bytes > SUMS_IN_L2_BYTES:
         return 1
-    return _power_of_two_floor(min(plan.get("max_slices", MAX_SLICES),
-                                   SLICE_SUMS_BYTES // sums_bytes))
+    return power_of_two_floor(min(plan.get("max_slices", MAX_SLICES),
+                                  SLICE_SUMS_BYTES // sums_bytes))
 
 
 def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -234,13 +234,13 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     lanes = VECTOR_LANES[config.isa]
     vectors = -(-config.cout_per_group // lanes)
     rule = MAX_VECTOR_BLOCK[config.isa]
-    sums_bytes = _weight_sums_bytes(config)
+    sums_bytes = weight_sums_bytes(config)
     one_tap = all(k == 1 for k in config.kernel)  # 1x1, any stride
     if one_tap:
         rule = POINTWISE_WEIGHT_VECTOR_BLOCK.get(config.isa, rule)
     elif (vectors % 2 == 0 and vectors <= ONE_VECTOR_TAIL_MAX_VECTORS.get(config.isa, 0)
-          and (_last_part(vectors, rule) == 1 or (
-              _last_part(vectors, rule) == 2
+          and (last_part(vectors, rule) == 1 or (
+              last_part(vectors, rule) == 2
               and config.cin_per_group >= ACCUMULATORS[config.isa] // 2))):
         rule = 2
     low, high = NXC_POINTWISE_MID_COUT
@@ -257,7 +257,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
                  and config.kernel[-1] > 1 and not dot)
     if flatten_w and "vec_block" not in plan:
         block = _flatten_vector_block(config, block, most_rows)
-    last = _last_part(vectors, block)
+    last = last_part(vectors, block)
     budget = min(ACCUMULATORS[config.isa] // block, most_rows)
     if flatten_w:
         rows, total = _flattened_rows(config, block, most_rows)
@@ -270,12 +270,12 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
         # ResNeXt-101 3-D grouped 3x3x3 layers, batch 8, pair ratios 1 / 2 threads:
         # avx512 16 -> 32 channels per group 1.18 / 1.16, 16 -> 32 on 14x14 1.33 / 1.35;
         # avx2 8 -> 16 as 4 + 4 rather than 6 + 2 1.06 / 1.07)
-        rows, total = _near_equal(channels, max(1, min(channels, budget))), channels
+        rows, total = near_equal(channels, max(1, min(channels, budget))), channels
     rows = min(rows, total)
-    rows_last = _last_part(total, rows)
+    rows_last = last_part(total, rows)
     tiles = list(dict.fromkeys((r, v) for r in (rows, rows_last) for v in (block, last)))
     # Packed panels (bwd_weights_packed.c.j2): per chunk, each thread copies what its tiles
-    # read into panels at consecutive addresses (see _feeds_packing).
+    # read into panels at consecutive addresses (see feeds_packing).
     cin, cout = config.groups * channels, config.groups * config.cout_per_group
     if config.data_format == "NCX":
         most = NCX_IN_PLACE_MAX_SUMS.get(lanes, NCX_IN_PLACE_MAX_SUMS[8])
@@ -287,19 +287,19 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             most = max(most, NCX_IN_PLACE_MAX_TAPS_SUMS.get(lanes, 0))
         in_place = (cout <= cin or more_outputs) and sums_bytes <= most
     else:
-        in_place = _nxc_in_place(config)
+        in_place = nxc_in_place(config)
     packed = not flatten_w and not dot and bool(plan.get(
-        "packed", not in_place and _feeds_packing(config)))
+        "packed", not in_place and feeds_packing(config)))
     # Otherwise tiles broadcast src values, so NCX src needs no transpose: each tile row
     # is a stream along the pixels of one channel (f32 is read in place, f16/bf16 widened
     # in their order). Only diff_dst, the vector operand, is made channels-last.
     src_channels_first = config.data_format == "NCX" and not flatten_w and not (
         dot or packed)
     in_l2 = sums_bytes <= SUMS_IN_L2_BYTES
-    nxc_in_place = config.data_format == "NXC" and not (packed or flatten_w or dot)
+    nxc_reads_in_place = config.data_format == "NXC" and not (packed or flatten_w or dot)
     if packed and _rows_overlap(config):
         rule_pixels = PACKED_OVERLAP_CHUNK_PIXELS
-    elif in_l2 and nxc_in_place:
+    elif in_l2 and nxc_reads_in_place:
         rule_pixels = NXC_IN_PLACE_CHUNK_PIXELS.get(lanes, CHUNK_PIXELS)
     elif in_l2:
         light = (config.data_format == "NCX" and config.dtype == "f32" and (
@@ -340,8 +340,8 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
 def _rows_overlap(config: KernelConfig) -> bool:
     """Whether some src row along d or h is read by several output rows (a kernel extent
     above its stride there)."""
-    return any(e > s for e, s in zip(_kernel_extents(config)[:-1], config.strides[:-1],
-                                     strict=True))
+    return any(e > s for e, s in zip(kernel_extents(config)[:-1], config.strides[:-1],
+                                    strict=True))
 
 
 def _slot_steps(config: KernelConfig) -> tuple[int, int]:
@@ -354,7 +354,7 @@ def _slot_steps(config: KernelConfig) -> tuple[int, int]:
     if len(config.kernel) < 2:  # 1-D: one row per output row
         return 1, 1
     kh, sh, dh = config.kernel[-2], config.strides[-2], config.dilations[-2]
-    if _kernel_extents(config)[-2] > sh:
+    if kernel_extents(config)[-2] > sh:
         unit = gcd(sh, dh)
         return sh // unit, dh // unit
     return kh, 1
@@ -390,7 +390,7 @@ def _flatten_vector_block(config: KernelConfig, block: int, most_rows: int) -> i
     rows = min(total, rows)
     if rows < 1:
         return block
-    last = _last_part(total, rows)
+    last = last_part(total, rows)
     return narrow if 2 * last >= rows else block
 
 
@@ -424,7 +424,7 @@ def _prefetch_panels(config: KernelConfig, packed: bool, plan: Mapping[str, int]
 def _strides_skip_nothing(config: KernelConfig) -> bool:
     """Whether no stride exceeds the dilated kernel's extent along its axis: every src row
     and column from the first to the last a chunk's output rows read is read."""
-    return all(s <= e for s, e in zip(config.strides, _kernel_extents(config), strict=True))
+    return all(s <= e for s, e in zip(config.strides, kernel_extents(config), strict=True))
 
 
 def _prefetch_next_chunk(config: KernelConfig, chunk_pixels: int, copied: bool) -> bool:
@@ -465,16 +465,16 @@ def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
         return {"ncx_dot": False}
     rows = max(1, min(config.cin_per_group, plan.get(
         "tile_rows", ACCUMULATORS[config.isa] // DOT_COLS)))
-    rows_last = _last_part(config.cin_per_group, rows)
+    rows_last = last_part(config.cin_per_group, rows)
     cols = min(DOT_COLS, config.cout_per_group)
-    cols_last = _last_part(config.cout_per_group, cols)
+    cols_last = last_part(config.cout_per_group, cols)
     return {"ncx_dot": True, "tile_rows": rows,
             "dot_tiles": list(dict.fromkeys((r, c) for r in (rows, rows_last)
                                             for c in (cols, cols_last))),
             "chunk_pixels": plan.get("chunk_pixels") or DOT_CHUNK_PIXELS,  # never by bytes
             "superblock_bytes": DOT_SUPERBLOCK_BYTES,
             "partial_pixels": partial_steps(config),
-            "max_slices": _max_slices(_weight_sums_bytes(config), plan),
+            "max_slices": _max_slices(weight_sums_bytes(config), plan),
             "slice_min_pixels": SLICE_MIN_PIXELS}
 
 

@@ -26,9 +26,8 @@ from convgrad.codegen.isa import SIMD, VECTOR_LANES
 from convgrad.codegen.ops import Problem
 from convgrad.codegen.plan_choices import EMPTY_PLAN, PLAN_CHOICES, kernel_name
 from convgrad.codegen.rules_amx import amx_tiles
-from convgrad.codegen.rules_common import _reduced_channels, uses_bf16_dot
+from convgrad.codegen.rules_common import reduced_channels, uses_bf16_dot
 from convgrad.codegen.rules_data import (
-    _rounds_in_tiles,
     band_bytes,
     col2im,
     col2im_tiles,
@@ -37,6 +36,7 @@ from convgrad.codegen.rules_data import (
     overlap_runs,
     pad_columns_below,
     pointwise_ncx_tiles,
+    rounds_in_tiles,
     stream_min_bytes,
     weight_packing,
 )
@@ -188,7 +188,7 @@ def _body(config: KernelConfig, plan: Mapping[str, int]) -> dict:
         return {"body": "depthwise.c.j2", "slide_rows": slide_rows(config, plan),
                 "pad_columns_below": 0 if grouped else pad_columns_below(config, plan),
                 "vector_per_group": config.vector_channels if grouped else 1,
-                "reduced_per_group": _reduced_channels(config) if grouped else 1,
+                "reduced_per_group": reduced_channels(config) if grouped else 1,
                 "compute_scratch": True, "stream_min_bytes": stream_min_bytes(config, plan),
                 "spread_whole_bytes": plan.get("spread_whole_mb", SPREAD_WHOLE_BYTES >> 20) << 20,
                 "round_in_tiles": False, "pointwise_ncx": False, "overlap_runs": False,
@@ -352,7 +352,7 @@ def render_context(config: KernelConfig, generator_version: str,
         "bf16_dot": resolved.bf16_dot,
         "regroup_pixels": config.family == "bwd_weights" and config.data_format == "NXC"
         and not config.depthwise and config.pointwise,
-        "round_in_tiles": _rounds_in_tiles(config),
+        "round_in_tiles": rounds_in_tiles(config),
         "no_scratch": False,  # True: the body copies no whole data tensor
         # True: compute() takes part 4 of the workspace as scratch (depthwise.c.j2's
         # spread input rows, col2im.c.j2's columns)

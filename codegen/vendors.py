@@ -11,16 +11,16 @@ from convgrad.codegen.isa import AMX_FEATURES, VECTOR_LANES
 from convgrad.codegen.rules_amx import amx_tiles
 from convgrad.codegen.rules_common import (
     MAX_VECTOR_BLOCK,
-    _weight_sums_bytes,
-    _wide_vector_block,
     uses_bf16_dot,
+    weight_sums_bytes,
+    wide_vector_block,
 )
 from convgrad.codegen.rules_groups import data_across_groups
 from convgrad.codegen.rules_weights import (
     NCX_IN_PLACE_MAX_SUMS,
     SUMS_IN_L2_BYTES,
-    _feeds_packing,
-    _nxc_in_place,
+    feeds_packing,
+    nxc_in_place,
     weight_tiles,
 )
 from convgrad.codegen.variants import Variant, resolve_plan
@@ -85,24 +85,24 @@ def vendor_plan(config: KernelConfig, vendor: str,
     if vendor in WIDEN_BF16_VENDORS and uses_bf16_dot(config):
         return {"bf16_dot": 0, **plan}
     if (vendor in PACKED_NCX_VENDORS.get(config.isa, ()) and _ncx_in_place(config)
-            and (_weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS[
+            and (weight_sums_bytes(config) > INTEL_NCX_IN_PLACE_MAX_SUMS[
                 VECTOR_LANES[config.isa]]
                  # more outputs than inputs: in place measured on AMD's cores only
                  or config.cout_per_group > config.cin_per_group)):
         return {"packed": 1, **plan}
     if (vendor in NCX_WIDE_SUMS_VENDORS and config.family == "bwd_weights"
             and config.data_format == "NCX" and config.pointwise
-            and _weight_sums_bytes(config) > SUMS_IN_L2_BYTES
+            and weight_sums_bytes(config) > SUMS_IN_L2_BYTES
             and weight_tiles(config)["vec_block"] > NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK):
         return {"vec_block": NCX_WIDE_SUMS_WEIGHT_VECTOR_BLOCK, **plan}
-    if (vendor in PACKED_NXC_VENDORS and _nxc_in_place(config)
-            and not _nxc_in_place(config, intel=True) and _feeds_packing(config)
+    if (vendor in PACKED_NXC_VENDORS and nxc_in_place(config)
+            and not nxc_in_place(config, intel=True) and feeds_packing(config)
             and resolve_plan(config).variant is Variant.WEIGHTS
             and resolve_plan(config, {"packed": 1}, strict=False).variant
             is Variant.WEIGHTS_PACKED):
         return {"packed": 1, **plan}
     across = config.depthwise or data_across_groups(config)
-    if vendor in NARROW_VENDORS.get(config.isa, ()) and _wide_vector_block(config, across):
+    if vendor in NARROW_VENDORS.get(config.isa, ()) and wide_vector_block(config, across):
         return {"vec_block": MAX_VECTOR_BLOCK[config.isa], **plan}
     return plan
 
