@@ -155,7 +155,7 @@ def settings_key() -> tuple:
     global _environment
     if _environment is None:
         _environment = (os.environ.get(tuning.ENV), os.environ.get("CONVGRAD_ISA"))
-    return threads._default, _environment
+    return threads.default_count, _environment
 
 
 def bind(kind: str, a_shape: tuple, b_shape: tuple, dtype: str, attrs: Mapping,

@@ -19,7 +19,11 @@ import os
 
 log = logging.getLogger("convgrad")
 
-_default = 0  # set_num_threads; 0: OpenMP's default (OMP_NUM_THREADS, else every core)
+# The count set_num_threads set; 0: OpenMP's default (OMP_NUM_THREADS, else every core).
+# Public so that what reads it on every call reads the attribute itself: bound's memo
+# key, convgrad.torch's thread count and its C++ call path (torch_calls.cpp.j2, by
+# name). Set it only through set_num_threads.
+default_count = 0
 _parallel_ran = False  # a kernel was called with more than one thread in this process
 _single_after_fork = False  # forked after that, under libgomp: one thread from now on
 
@@ -38,9 +42,9 @@ def check(where: str, count) -> None:
 
 def set_num_threads(count: int | None) -> None:
     """Threads every kernel call uses unless the call says otherwise (None: default)."""
-    global _default
+    global default_count
     check("", count)
-    _default = count or 0
+    default_count = count or 0
 
 
 def get_num_threads() -> int:
@@ -48,8 +52,8 @@ def get_num_threads() -> int:
     after parallel kernels ran under libgomp)."""
     if _single_after_fork:
         return 1
-    if _default:
-        return _default
+    if default_count:
+        return default_count
     env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
     return int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
 
@@ -60,7 +64,7 @@ def for_call(requested: int | None) -> int:
     global _parallel_ran
     if _single_after_fork:
         return 1
-    count = requested or _default
+    count = requested or default_count
     if not _parallel_ran and (count or get_num_threads()) > 1:
         _parallel_ran = True
     return count

@@ -155,4 +155,4 @@ def inner_weight_results(fmt: str, rank: int) -> bool:
 def num_threads() -> int:
     """Threads of a kernel call: convgrad.set_num_threads if it was called, else
     PyTorch's intra-op thread count (torch.set_num_threads governs both libraries)."""
-    return threads._default or torch.get_num_threads()
+    return threads.default_count or torch.get_num_threads()
