@@ -132,7 +132,9 @@ MAX_CONV_ARGS = 4096
 bound.on_reset(_conv_args.clear)  # its sites: the C++ path may be turned off
 
 
-def _conv(rank: int, input, weight, bias, stride, padding, dilation, groups) -> torch.Tensor:
+def conv_nd(rank: int, input, weight, bias, stride, padding, dilation, groups) -> torch.Tensor:
+    """conv1d, conv2d or conv3d by `rank` (the spatial dimensions), with their arguments
+    (convgrad.torch.modules' Conv*d call it with their own)."""
     op = f"conv{rank}d"
     if not torch.compiler.is_compiling():
         try:
@@ -165,8 +167,10 @@ def _conv(rank: int, input, weight, bias, stride, padding, dilation, groups) -> 
     return y.squeeze(0) if unbatched else y
 
 
-def _conv_transpose(rank: int, input, weight, bias, stride, padding, output_padding, groups,
-                    dilation) -> torch.Tensor:
+def conv_transpose_nd(rank: int, input, weight, bias, stride, padding, output_padding,
+                      groups, dilation) -> torch.Tensor:
+    """conv_transpose1d, 2d or 3d by `rank` (the spatial dimensions), with their arguments
+    (convgrad.torch.modules' ConvTranspose*d call it with their own)."""
     op = f"conv_transpose{rank}d"
     unbatched = _inputs(op, rank, input, weight, bias)
     strides = _tuple(op, "stride", stride, rank, 1)
@@ -185,7 +189,7 @@ def conv1d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
            dilation: int | Sequence[int] = 1, groups: int = 1) -> torch.Tensor:
     """torch.nn.functional.conv1d on convgrad's kernels (padding may also be
     (begin, end) pairs)."""
-    return _conv(1, input, weight, bias, stride, padding, dilation, groups)
+    return conv_nd(1, input, weight, bias, stride, padding, dilation, groups)
 
 
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -193,7 +197,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
            dilation: int | Sequence[int] = 1, groups: int = 1) -> torch.Tensor:
     """torch.nn.functional.conv2d on convgrad's kernels (padding may also be
     (begin, end) pairs)."""
-    return _conv(2, input, weight, bias, stride, padding, dilation, groups)
+    return conv_nd(2, input, weight, bias, stride, padding, dilation, groups)
 
 
 def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -201,7 +205,7 @@ def conv3d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
            dilation: int | Sequence[int] = 1, groups: int = 1) -> torch.Tensor:
     """torch.nn.functional.conv3d on convgrad's kernels (padding may also be
     (begin, end) pairs)."""
-    return _conv(3, input, weight, bias, stride, padding, dilation, groups)
+    return conv_nd(3, input, weight, bias, stride, padding, dilation, groups)
 
 
 def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
@@ -210,8 +214,8 @@ def conv_transpose1d(input: torch.Tensor, weight: torch.Tensor,
                      output_padding: int | Sequence[int] = 0, groups: int = 1,
                      dilation: int | Sequence[int] = 1) -> torch.Tensor:
     """torch.nn.functional.conv_transpose1d on convgrad's kernels."""
-    return _conv_transpose(1, input, weight, bias, stride, padding, output_padding, groups,
-                           dilation)
+    return conv_transpose_nd(1, input, weight, bias, stride, padding, output_padding,
+                             groups, dilation)
 
 
 def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
@@ -220,8 +224,8 @@ def conv_transpose2d(input: torch.Tensor, weight: torch.Tensor,
                      output_padding: int | Sequence[int] = 0, groups: int = 1,
                      dilation: int | Sequence[int] = 1) -> torch.Tensor:
     """torch.nn.functional.conv_transpose2d on convgrad's kernels."""
-    return _conv_transpose(2, input, weight, bias, stride, padding, output_padding, groups,
-                           dilation)
+    return conv_transpose_nd(2, input, weight, bias, stride, padding, output_padding,
+                             groups, dilation)
 
 
 def conv_transpose3d(input: torch.Tensor, weight: torch.Tensor,
@@ -230,5 +234,5 @@ def conv_transpose3d(input: torch.Tensor, weight: torch.Tensor,
                      output_padding: int | Sequence[int] = 0, groups: int = 1,
                      dilation: int | Sequence[int] = 1) -> torch.Tensor:
     """torch.nn.functional.conv_transpose3d on convgrad's kernels."""
-    return _conv_transpose(3, input, weight, bias, stride, padding, output_padding, groups,
-                           dilation)
+    return conv_transpose_nd(3, input, weight, bias, stride, padding, output_padding,
+                             groups, dilation)

@@ -39,8 +39,8 @@ def _conv_forward(module: nn.modules.conv._ConvNd, rank: int, input: torch.Tenso
         padding = 0
     else:
         padding = module.padding
-    return cgF._conv(rank, input, weight, bias, module.stride, padding, module.dilation,
-                     module.groups)
+    return cgF.conv_nd(rank, input, weight, bias, module.stride, padding, module.dilation,
+                       module.groups)
 
 
 def _transpose_forward(module: nn.modules.conv._ConvTransposeNd, rank: int,
@@ -51,8 +51,9 @@ def _transpose_forward(module: nn.modules.conv._ConvTransposeNd, rank: int,
     output_padding = module._output_padding(input, output_size, module.stride,
                                             module.padding, module.kernel_size, rank,
                                             module.dilation)
-    return cgF._conv_transpose(rank, input, module.weight, module.bias, module.stride,
-                               module.padding, output_padding, module.groups, module.dilation)
+    return cgF.conv_transpose_nd(rank, input, module.weight, module.bias, module.stride,
+                                 module.padding, output_padding, module.groups,
+                                 module.dilation)
 
 
 class Conv1d(nn.Conv1d):
