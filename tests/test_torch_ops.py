@@ -177,7 +177,7 @@ def test_the_stand_in_computes_every_op_exactly(channels_last, dtype, pads):
         a, b = args[:2]
         rest = [None, *args[2:]] if name == "conv_transpose_backward_data" else list(args[2:])
         rest += [None] * (7 - len(rest))  # shape, the attributes, output_padding
-        call = _calls._Call(_calls.SPECS[name], a, b, *rest, num_threads=1)
+        call = _calls.Call(_calls.SPECS[name], a, b, *rest, num_threads=1)
         out = call.stand_in(a, b)
         expected = reference(*(t.float() for t in args[:2]), *args[2:]).to(dtype)
         assert out.shape == expected.shape and out.stride() == call.strides, name

@@ -101,7 +101,7 @@ _recorder: list | None = None  # aot_kernels: every call a pass makes, building 
 
 @contextlib.contextmanager
 def collecting(build: bool = True):
-    """Within: yields a list of the calls (`_Call`) made. With `build` (compile_kernels),
+    """Within: yields a list of the calls (`Call`) made. With `build` (compile_kernels),
     every call whose kernel is not ready runs on PyTorch's operator and asks for its
     kernel in the background, whatever the compile mode; the list holds those calls.
     Without (aot_kernels), the list holds every call, loaded or not, none is built and
@@ -132,8 +132,8 @@ def _torch_order(spec: OpSpec, shape: tuple, out_fmt: str | None) -> list:
     return list(shapes.join_data(*shapes.split_data(shape, "NXC")))
 
 
-class _Call:
-    """One resolved configuration of an op on tensors."""
+class Call:
+    """One resolved configuration of an op on tensors (convgrad.torch.warmup lists them)."""
 
     __slots__ = ("bound", "shape", "strides", "empty", "dense_a", "dense_b", "requested",
                  "standin", "layer")
@@ -229,7 +229,7 @@ class _Call:
         return _standin.compute(spec, self.shape, self.strides, a, b, *args)
 
 
-def _record(call: _Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _record(call: Call, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """`call` within collecting(build=False): noted, and run on its kernel where that
     is loaded, else on PyTorch's operator, building nothing."""
     if call.empty:
@@ -244,12 +244,12 @@ MAX_CALLS = 4096
 
 
 def lookup(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_begin,
-           pads_end, dilations, groups, output_padding=None) -> _Call:
+           pads_end, dilations, groups, output_padding=None) -> Call:
     """The resolved call of op `name` (a function name of the op table) on CPU tensors,
     made (validated, with the user's error messages) the first time."""
     count = _bridge.num_threads()
     if not (a.is_cpu and b.is_cpu):
-        return _Call(SPECS[name], a, b, shape, strides, pads_begin, pads_end, dilations,
+        return Call(SPECS[name], a, b, shape, strides, pads_begin, pads_end, dilations,
                      groups, output_padding, count)  # raises the error
     try:
         key = (name, a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype,
@@ -260,7 +260,7 @@ def lookup(name: str, a: torch.Tensor, b: torch.Tensor, shape, strides, pads_beg
     except (TypeError, RuntimeError):  # sparse tensors have no strides; unhashable values
         key, call = None, None
     if call is None:
-        call = _Call(SPECS[name], a, b, shape, strides, pads_begin, pads_end, dilations,
+        call = Call(SPECS[name], a, b, shape, strides, pads_begin, pads_end, dilations,
                      groups, output_padding, count)
         if key is not None:
             with _lock:
@@ -289,7 +289,7 @@ def recording() -> bool:
 _DENSE = {None: 0, "NXC": 1}  # how the C++ path makes an input dense (else 2: contiguous)
 
 
-def native_record(call: _Call) -> tuple | None:
+def native_record(call: Call) -> tuple | None:
     """What the C++ path (convgrad.torch._native) keeps of a resolved call: kernel and
     run-time sizes (addresses), scratch bytes, input order, whether the result is
     empty, its sizes and strides, how each input is made dense, the start of an error

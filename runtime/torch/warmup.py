@@ -24,7 +24,7 @@ from convgrad.torch import _calls, _native
 
 
 def step_calls(model: nn.Module, example_inputs: tuple, example_kwargs: dict, *,
-               build: bool, caller: str = "compile_kernels") -> list[_calls._Call]:
+               build: bool, caller: str = "compile_kernels") -> list[_calls.Call]:
     """The convgrad calls of one training step of `model` (forward, and backward where a
     parameter or an input needs a gradient) on `example_inputs`, run on copies of its
     parameters and buffers, within `_calls.collecting(build)`: with `build`, the calls
