@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         for conv in convs:
             for op in args.ops.split(","):
                 (layer,) = conv_layers(conv, (bench.OPS[op],), batch=args.batch)
-                arrays = [bench._aligned(rng.standard_normal(shape, dtype=np.float32))
+                arrays = [bench.aligned(rng.standard_normal(shape, dtype=np.float32))
                           for shape in layer.inputs[:2]]
                 inputs = [*arrays, *([list(layer.inputs[2])] if len(layer.inputs) > 2
                                      else [])]
@@ -106,12 +106,12 @@ def main(argv: list[str] | None = None) -> int:
                     return api.execute(layer.op, inputs, layer.attrs,
                                        num_threads=args.threads)
 
-                bound._calls.clear()
+                bound.reset()
                 run()
-                [call] = list(bound._calls.values())
+                [call] = bound.bound_calls()
                 ours = call.kernel
                 path = build_base(ours, args, base_cache)
-                theirs = kernels.Kernel(ours.config, *kernels._bind(ours.name, path),
+                theirs = kernels.Kernel(ours.config, *kernels.kernel_functions(ours.name, path),
                                         "cache", path, ours.plan)
                 times: dict[str, list[float]] = {"ours": [], "theirs": []}
                 order = [("ours", ours), ("theirs", theirs)]

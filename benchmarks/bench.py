@@ -396,13 +396,13 @@ class Case:
     inputs: tuple[np.ndarray, np.ndarray]  # convgrad's first two inputs, in its layouts
 
 
-def _aligned(values: np.ndarray) -> np.ndarray:
+def aligned(values: np.ndarray) -> np.ndarray:
     """`values` in an array on a 64-byte boundary, as PyTorch's tensors are (numpy's
     blocks of megabytes start 16 bytes past a page: channels-first 1x1 data gradients,
     which load vectors of the input in place, ran up to 17% slower from them)."""
-    aligned = kernels.empty_output(values.shape, values.dtype)
-    aligned[...] = values
-    return aligned
+    out = kernels.empty_output(values.shape, values.dtype)
+    out[...] = values
+    return out
 
 
 def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
@@ -412,7 +412,7 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
     (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch, dtype=args.dtype,
                            data_format=args.data_format, weights_format=args.weights_format)
     dtype = api.DTYPE_BY_NAME[args.dtype]
-    a, b = (_aligned(rng.standard_normal(shape, dtype=np.float32).astype(dtype))
+    a, b = (aligned(rng.standard_normal(shape, dtype=np.float32).astype(dtype))
             for shape in layer.inputs[:2])
     inputs = [a, b, *([list(layer.inputs[2])] if len(layer.inputs) > 2 else [])]
 

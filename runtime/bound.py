@@ -198,6 +198,12 @@ def on_reset(hook) -> None:
     _reset_hooks.append(hook)
 
 
+def bound_calls() -> list[BoundCall]:
+    """The calls bound since the last reset, oldest first (a benchmark takes the one it
+    just made, after reset(), to time other builds of its kernel)."""
+    return list(_calls.values())
+
+
 def reset() -> None:
     """Forgets every bound call, and reads the environment again at the next (also
     run by convgrad.kernels.reset, and in a child made by fork: the thread count may

@@ -70,7 +70,7 @@ class Kernel:
         return resolve_plan(self.config, self.plan).variant
 
 
-def _bind(name: str, path: Path) -> tuple[object, object]:
+def kernel_functions(name: str, path: Path) -> tuple[object, object]:
     """The kernel `name` of the shared library `path` and its workspace function, as cffi
     function pointers (the library is loaded once and never unloaded)."""
     with _lock:
@@ -231,7 +231,8 @@ def _load(config: KernelConfig, plan: dict | None, build: bool = True) -> Kernel
         if found is not None and (plan is None or plan_key(plan) == plan_key(found[2])):
             library, name, aot_plan = found
             log.debug("%s: ahead-of-time kernel from %s", name, library)
-            return Kernel(config.with_isa(isa), *_bind(name, library), "aot", library, aot_plan)
+            return Kernel(config.with_isa(isa), *kernel_functions(name, library), "aot",
+                          library, aot_plan)
     if not build and not cache.has_index():
         return None  # a new cache: nothing to find, so no plan to work out either
     if plan is None:
@@ -239,7 +240,7 @@ def _load(config: KernelConfig, plan: dict | None, build: bool = True) -> Kernel
     if not build:
         path = cache.find(config, plan, indexed_only=True)
         return None if path is None else Kernel(
-            config, *_bind(kernel_name(config, plan), path), "cache", path, plan)
+            config, *kernel_functions(kernel_name(config, plan), path), "cache", path, plan)
     try:
         path, compiled = cache.build(config, plan)
     except CompilerNotFoundError as error:
@@ -247,7 +248,7 @@ def _load(config: KernelConfig, plan: dict | None, build: bool = True) -> Kernel
             raise
         raise CompilerNotFoundError(f"{error}; ahead-of-time kernels were skipped: "
                                     + "; ".join(_refused)) from None
-    return Kernel(config, *_bind(kernel_name(config, plan), path),
+    return Kernel(config, *kernel_functions(kernel_name(config, plan), path),
                   "compiled" if compiled else "cache", path, plan)
 
 

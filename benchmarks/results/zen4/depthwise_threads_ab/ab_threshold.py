@@ -21,7 +21,7 @@ from convgrad.bound import bind, workspace
 from convgrad.codegen import render
 from convgrad.codegen.rules_groups import min_thread_flops
 from convgrad.compiler import compile_objects
-from convgrad.kernels import _bind, ffi
+from convgrad.kernels import ffi, kernel_functions
 
 OPS = ("ConvTransposeBackwardData", "ConvolutionBackwardData", "ConvolutionBackwardWeights")
 # (spatial in, channels, kernel, stride): MobileNetV2 and EfficientNet-B0 at 112x112
@@ -36,7 +36,7 @@ def build(source: str, name: str, isa: str, tag: str):
     path.write_text(source)
     library = path.with_suffix(".so")
     compile_objects([path], library, isa)
-    return _bind(name, library)
+    return kernel_functions(name, library)
 
 
 def per_call(kernel, args, calls: int = 30) -> float:

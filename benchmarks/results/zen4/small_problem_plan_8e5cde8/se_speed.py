@@ -34,16 +34,16 @@ def main() -> None:
                          pads_begin=(0, 0), pads_end=(0, 0), dilations=(1, 1))
         for op in ("fwd", "data"):
             (layer,) = conv_layers(conv, (bench.OPS[op],), batch=8)
-            arrays = [bench._aligned(rng.integers(-3, 4, shape).astype(np.float32))
+            arrays = [bench.aligned(rng.integers(-3, 4, shape).astype(np.float32))
                       for shape in layer.inputs[:2]]
             inputs = [*arrays, *([list(layer.inputs[2])] if len(layer.inputs) > 2 else [])]
 
             def run(layer=layer, inputs=inputs):
                 return api.execute(layer.op, inputs, layer.attrs, num_threads=2)
 
-            bound._calls.clear()
+            bound.reset()
             expected = run().copy()
-            [call] = bound._calls.values()
+            [call] = bound.bound_calls()
             rules = kernels.get_kernel(call.kernel.config, None)
             short = kernels.get_kernel(call.kernel.config, plan)
             call.kernel = short
