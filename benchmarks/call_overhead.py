@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import convgrad
 import convgrad.torch as cgt
 from convgrad.cpu import cpu_model, selected_isa
-from convgrad.torch import _calls, _native
+from convgrad.torch import warmup
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "call_overhead"
 
@@ -74,7 +74,7 @@ def measure(channels: int, size: int, calls: int, repeats: int) -> list[dict]:
     # the kernels of a step, built first (with a new cache, PyTorch's operator would
     # serve the timed calls while they compile in the background)
     cgt.compile_kernels(ours, grad_x)
-    served = _calls.standin_calls
+    served = warmup.standin_calls()
 
     def step(module):
         def run():
@@ -91,14 +91,14 @@ def measure(channels: int, size: int, calls: int, repeats: int) -> list[dict]:
         a, b = per_call_us([mine, other], calls, repeats)
         rows.append({"call": name, "convgrad_us": round(a, 2), "torch_us": round(b, 2),
                      "ratio": round(a / b, 2)})
-    if _calls.standin_calls != served:
+    if warmup.standin_calls() != served:
         raise SystemExit("PyTorch's operator served some of convgrad.torch's calls")
     return rows
 
 
 def call_path() -> str:
     """Which of convgrad.torch's call paths served the timed calls."""
-    return "C++" if _native.kernel_runs() else "Python"
+    return "C++" if warmup.native_kernel_runs() else "Python"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,7 +76,7 @@ from torch import nn
 import convgrad.torch as cgt
 from convgrad import background, kernels
 from convgrad.cpu import available_isas, selected_isa
-from convgrad.torch import _calls
+from convgrad.torch import warmup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import limit_isa, timed_pair  # noqa: E402  (the sibling benchmark's helpers)
@@ -148,11 +148,11 @@ def steps_until_switched(step: Callable[[], object], limit_seconds: float = 600.
     the seconds of each step that ran, that last one included."""
     seconds, deadline = [], time.monotonic() + limit_seconds
     while time.monotonic() < deadline:
-        served = _calls.standin_calls
+        served = warmup.standin_calls()
         begin = time.perf_counter()
         step()
         seconds.append(time.perf_counter() - begin)
-        if _calls.standin_calls == served and not background.pending():
+        if warmup.standin_calls() == served and not background.pending():
             break
     return seconds
 
@@ -208,12 +208,12 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
     if args.cold_cache:  # a new kernel cache for this row: the first step a new user sees
         os.environ["CONVGRAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="convgrad-train-step-")
         kernels.reset()
-    served = _calls.standin_calls
+    served = warmup.standin_calls()
     begin = time.perf_counter()
     step_ours()
     first = time.perf_counter() - begin
     steps = [first]  # until every convolution ran convgrad's kernel
-    if _calls.standin_calls != served or background.pending():
+    if warmup.standin_calls() != served or background.pending():
         steps += steps_until_switched(step_ours)
     begin = time.perf_counter()
     step_ours()
