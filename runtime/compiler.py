@@ -143,6 +143,13 @@ def terminate_running() -> None:
 def _run(commands: list[list[str]], sources: list[Path]) -> None:
     """Runs the commands at once; a CompileError with the first failure's output."""
     compiler_identity()  # a clear error if there is no compiler
+    run_commands(commands, sources)
+
+
+def run_commands(commands: list[list[str]], sources: list[Path]) -> None:
+    """Runs compiler commands at once, each ended at exit while it runs
+    (terminate_running); a CompileError naming `sources` with the first failure's
+    output."""
     running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True) for command in commands]
     _running.update(running)

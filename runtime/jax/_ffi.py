@@ -15,22 +15,19 @@ import ctypes
 import hashlib
 import os
 import secrets
-import subprocess
-import tempfile
 import threading
 from functools import cache
 from pathlib import Path
 
 import jax
-from filelock import FileLock
 
-from convgrad import cache as kernel_cache
+from convgrad import cached_build
 from convgrad.codegen.render import render_xla_handler
 from convgrad.compiler import (
     SANITIZE_FLAGS,
-    CompileError,
     compiler_command,
     compiler_identity,
+    run_commands,
 )
 from convgrad.kernels import Kernel, ffi
 
@@ -63,39 +60,19 @@ def _handler_source() -> tuple[str, str]:
 
 def _build(folder: Path) -> Path:
     source, key = _handler_source()
-    target = folder / "xla_ffi" / f"convgrad_xla_ffi-{key}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(target.with_suffix(".lock")):
-        if target.is_file():
-            return target
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-            c_file = Path(tmp) / "convgrad_xla_ffi.c"
-            c_file.write_text(source)
-            built = Path(tmp) / "handler.so"
-            command = [*compiler_command(), *_flags(), "-I", jax.ffi.include_dir(), "-o",
-                       str(built), str(c_file)]
-            result = subprocess.run(command, capture_output=True, text=True, check=False)
-            if result.returncode:
-                raise CompileError(f"compiling convgrad's XLA FFI handler failed "
-                                   f"({' '.join(command)}):\n{result.stderr.strip()}")
-            os.replace(c_file, target.with_suffix(".c"))  # kept for debugging
-            os.replace(built, target)
-    return target
+
+    def compile_to(c_file: Path, library: Path) -> None:
+        run_commands([[*compiler_command(), *_flags(), "-I", jax.ffi.include_dir(), "-o",
+                       str(library), str(c_file)]], [c_file])
+
+    return cached_build.build(folder / "xla_ffi" / f"convgrad_xla_ffi-{key}.so", source,
+                              "convgrad_xla_ffi.c", compile_to)
 
 
 @cache
 def handler() -> ctypes.CDLL:
     """The handler library, built if needed and registered with XLA (once a process)."""
-    try:
-        path = _build(kernel_cache.cache_dir())
-    except OSError as error:
-        if error.errno not in kernel_cache.UNWRITABLE:
-            raise
-        path = _build(kernel_cache.fallback_dir(kernel_cache.configured_dir(),
-                                                error.strerror or str(error)))
-    library = ctypes.CDLL(str(path))
+    library = ctypes.CDLL(str(cached_build.in_cache(_build)))
     library.convgrad_xla_register.restype = ctypes.c_int64
     library.convgrad_xla_register.argtypes = [
         ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64,

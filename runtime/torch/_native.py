@@ -20,8 +20,6 @@ it off (the test suite's default; tests/test_torch_native.py turns it on).
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -32,19 +30,17 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
 import time
 import warnings
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 
-from convgrad import background, bound
+from convgrad import background, bound, cached_build
 from convgrad import cache as kernel_cache
 from convgrad.codegen.render import render_torch_calls
-from convgrad.compiler import SANITIZE_FLAGS
+from convgrad.compiler import SANITIZE_FLAGS, run_commands
 from convgrad.kernels import STATUS
 from convgrad.torch import _calls
 
@@ -120,62 +116,31 @@ def _source_and_key() -> tuple[str, list[str], str]:
     return source, command, digest.hexdigest()[:20]
 
 
+def _library(folder: Path, key: str) -> Path:
+    """Where the build of `key` lives in a kernel cache folder."""
+    return folder / FOLDER / f"{MODULE}-{key}.so"
+
+
 def _build(folder: Path, low_priority: bool) -> Path:
     """The extension's library in `folder` (compiled first if it is not there)."""
     source, command, key = _source_and_key()
-    target = folder / FOLDER / f"{MODULE}-{key}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(target.with_suffix(".lock")):
-        if target.is_file():
-            return target
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as tmp:
-            cpp = Path(tmp) / "convgrad_torch.cpp"
-            cpp.write_text(source)
-            built = Path(tmp) / "extension.so"
-            started = time.perf_counter()
-            full = [*command[:1], "-o", str(built), str(cpp), *command[1:]]
-            if low_priority and shutil.which("nice"):
-                full = ["nice", "-n", "10", *full]
-            process = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                       text=True)
-            _running.add(process)
-            try:
-                _, stderr = process.communicate()
-            finally:
-                _running.discard(process)
-            if process.returncode:
-                raise RuntimeError(f"compiling convgrad.torch's C++ call path failed "
-                                   f"({shlex.join(command)}):\n{stderr.strip()}")
-            log.info("convgrad.torch: built the C++ call path in %.1f s",
-                     time.perf_counter() - started)
-            os.replace(cpp, target.with_suffix(".cpp"))  # kept for debugging
-            os.replace(built, target)
-    return target
 
+    def compile_to(cpp: Path, library: Path) -> None:
+        started = time.perf_counter()
+        full = [*command[:1], "-o", str(library), str(cpp), *command[1:]]
+        if low_priority and shutil.which("nice"):
+            full = ["nice", "-n", "10", *full]
+        run_commands([full], [cpp])  # ended at exit, as kernel builds are
+        log.info("convgrad.torch: built the C++ call path in %.1f s",
+                 time.perf_counter() - started)
 
-_running: set[subprocess.Popen] = set()  # the compiler, while it runs
-
-
-@atexit.register
-def _stop() -> None:
-    """Exit does not wait for a background build: its compiler is ended (no entry is
-    published; the next process builds again)."""
-    for process in list(_running):
-        with contextlib.suppress(OSError):
-            process.kill()
+    return cached_build.build(_library(folder, key), source, "convgrad_torch.cpp",
+                              compile_to)
 
 
 def _load(low_priority: bool) -> None:
     global _module
-    try:
-        path = _build(kernel_cache.cache_dir(), low_priority)
-    except OSError as error:
-        if error.errno not in kernel_cache.UNWRITABLE:
-            raise
-        path = _build(kernel_cache.fallback_dir(kernel_cache.configured_dir(),
-                                                error.strerror or str(error)), low_priority)
+    path = cached_build.in_cache(lambda folder: _build(folder, low_priority))
     spec = importlib.util.spec_from_file_location(MODULE, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -213,7 +178,7 @@ def extension():
         if _module is None and not _failed and _builder is None:
             try:
                 _, _, key = _source_and_key()
-                cached = kernel_cache.cache_dir() / FOLDER / f"{MODULE}-{key}.so"
+                cached = _library(kernel_cache.cache_dir(), key)
             except Exception:  # no compiler: _load_soft warns once
                 cached = None
             if cached is not None and cached.is_file():
