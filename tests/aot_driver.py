@@ -38,7 +38,7 @@ DRIVER = r"""
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include "convgrad_kernels.h"
+#include "%s"
 
 typedef int (*kernel_fn)(const void *, const void *, void *, const convgrad_dims *, void *);
 static const kernel_fn KERNELS[] = {%s};
@@ -107,9 +107,14 @@ def cases(layers_file: Path, manifest: dict, seed: int = 0) -> list[Case]:
     return found
 
 
+def driver_source(kernels: list[str], header: str = "convgrad_kernels.h") -> str:
+    """The driver's C, calling `kernels` (by index) declared in `header`."""
+    return DRIVER % (header, ", ".join(kernels))
+
+
 def write_driver(folder: Path, kernels: list[str]) -> Path:
     path = folder / "driver.c"
-    path.write_text(DRIVER % ", ".join(kernels))
+    path.write_text(driver_source(kernels))
     return path
 
 

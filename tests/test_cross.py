@@ -45,40 +45,6 @@ TARGETS = {
                     qemu=["qemu-riscv64", "-L", "/usr/riscv64-linux-gnu"]),
 }
 
-DRIVER = r"""
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include "kernels.h"
-
-typedef int (*kernel_fn)(const void *, const void *, void *, const convgrad_dims *, void *);
-static const kernel_fn KERNELS[] = {%s};
-
-/* argv[1]: a case (15 int64: kernel, batch, src[3], dst[3], pads[3], threads, bytes of
- * a, b and out; then a and b); argv[2]: the status (int32) and the result. */
-int main(int argc, char **argv)
-{
-    int64_t h[15];
-    FILE *in = argc == 3 ? fopen(argv[1], "rb") : NULL;
-    if (!in || fread(h, sizeof h[0], 15, in) != 15)
-        return 2;
-    char *a = malloc((size_t)h[12] + 1), *b = malloc((size_t)h[13] + 1);
-    char *out = malloc((size_t)h[14] + 1);
-    if (!a || !b || !out || fread(a, 1, (size_t)h[12], in) != (size_t)h[12]
-        || fread(b, 1, (size_t)h[13], in) != (size_t)h[13])
-        return 3;
-    fclose(in);
-    convgrad_dims dims = {.batch = h[1], .src = {h[2], h[3], h[4]}, .dst = {h[5], h[6], h[7]},
-                          .pads_begin = {h[8], h[9], h[10]}, .num_threads = (int32_t)h[11]};
-    int32_t status = KERNELS[h[0]](a, b, out, &dims, NULL);
-    FILE *result = fopen(argv[2], "wb");
-    fwrite(&status, sizeof status, 1, result);
-    fwrite(out, 1, (size_t)h[14], result);
-    fclose(result);
-    return 0;
-}
-"""
-
 
 def _tools(name: str) -> dict:
     tools = TARGETS[name]
@@ -130,7 +96,7 @@ def _build(configs: list[KernelConfig], folder: Path, name: str, cc: str) -> Pat
     """The kernels and the driver, cross-compiled for target `name`."""
     names = [c.name for c in configs]
     (folder / "kernels.h").write_text(render_header(names))
-    (folder / "driver.c").write_text(DRIVER % ", ".join(names))
+    (folder / "driver.c").write_text(aot_driver.driver_source(names, "kernels.h"))
     flags = [*BASE_FLAGS, *target(name).flags("gcc", "12.2"),
              *({"neoverse_v1": ["-msve-vector-bits=256"]}.get(name, []))]
 
