@@ -186,18 +186,24 @@ def test_errors_keep_their_messages(native):
 
 def test_kernels_not_built_yet_run_on_pytorchs_operator(native, fresh_cache, monkeypatch):
     """A new kernel cache in background mode: the C++ path hands the calls to Python's
-    stand-in while the kernels build, then runs them itself."""
+    stand-in while the kernels build, then runs them itself. The build request is held
+    until the first call returned (a build that finished first would leave nothing to
+    stand in for), on a geometry no other test uses."""
     monkeypatch.setenv("CONVGRAD_COMPILE", "background")
     monkeypatch.setenv("CONVGRAD_BUILD_DELAY", "0")
     assert _native.build()  # loaded already: the new cache has kernels only
-    conv = nn.Conv2d(3, 5, 3, padding=1)
-    reference = nn.Conv2d(3, 5, 3, padding=1)
+    asked = []
+    submit = background.submit
+    monkeypatch.setattr(background, "submit", asked.append)
+    conv = nn.Conv2d(3, 7, 3, padding=1)
+    reference = nn.Conv2d(3, 7, 3, padding=1)
     reference.load_state_dict(conv.state_dict())
     cgt.convert(conv)
-    x = torch.randn(1, 3, 6, 6)
+    x = torch.randn(1, 3, 7, 5)
     served = _calls.standin_calls
     torch.testing.assert_close(conv(x), reference(x))
-    assert _calls.standin_calls == served + 1
+    assert _calls.standin_calls == served + 1 and len(asked) == 1
+    submit(asked[0])
     started = time.monotonic()
     while background.pending() and time.monotonic() - started < 300:
         time.sleep(0.1)
