@@ -46,11 +46,13 @@ def pytest_report_header(config):
 def _environment_reread_after_each_test():
     """convgrad reads CONVGRAD_ISA and CONVGRAD_TUNE once (convgrad.bound.settings_key):
     after each test (and after monkeypatch restored them, which this fixture, set up
-    first, follows) the next call reads them again."""
+    first, follows) the next call reads them again. A compile mode set in-process
+    (examples/torch_digits.py sets "block") is dropped too."""
     yield
-    from convgrad import bound
+    from convgrad import background, bound
 
     bound.reset()
+    background.set_mode(None)  # a test (or an example run in-process) may have set one
 
 
 @pytest.fixture(autouse=True)
