@@ -17,9 +17,10 @@ from convgrad.codegen.plan import EMPTY_PLAN, render_context
 PACKAGE_VERSION = "0.1.0"
 
 # How an AOT folder's kernels run their parallel regions (convgrad aot --threading):
-# OpenMP threads (the runtime's only mode), or the calling thread alone, with no OpenMP
-# runtime linked (the prelude spells the few omp_* calls for one thread).
-THREADING_MODES = ("openmp", "sequential")
+# OpenMP threads (the runtime's only mode); the calling thread alone; or the caller's
+# thread pool, through the parallel_for in convgrad_dims. Only parallel.h.j2's spelling
+# differs (parallel_<mode>.h.j2); the last two link no OpenMP runtime.
+THREADING_MODES = ("openmp", "sequential", "caller")
 
 
 def _threading(threading: str) -> str:
@@ -35,7 +36,7 @@ def _template_dir() -> Path:
 # The version of an AOT folder's C interface (convgrad_kernels.h's CONVGRAD_ABI_VERSION):
 # the kernel signature, convgrad_dims, convgrad_layer and the table's functions. Any
 # change to them that a program compiled against the old header would misread raises it.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 @cache

@@ -50,16 +50,16 @@ SANITIZE_FLAGS = ("-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=
 def compile_flags(isa: str, threading: str = "openmp") -> tuple[str, ...]:
     """Every flag a kernel is compiled and linked with: the ISA path's, or with
     CONVGRAD_TARGET (convgrad aot --target) that target's flags for this compiler plus
-    what the path needs on top; CONVGRAD_CFLAGS adds more. `threading` "sequential"
-    (convgrad aot --threading, codegen's THREADING_MODES) drops every -fopenmp flag: no
-    OpenMP runtime is linked."""
+    what the path needs on top; CONVGRAD_CFLAGS adds more. `threading` "sequential" or
+    "caller" (convgrad aot --threading, codegen's THREADING_MODES) drops every -fopenmp
+    flag: no OpenMP runtime is linked."""
     named = os.environ.get("CONVGRAD_TARGET", "").strip()
     flags = _compile_flags(isa, os.environ.get("CONVGRAD_CFLAGS", ""),
                            os.environ.get("CONVGRAD_SANITIZE") == "1", named,
                            compiler_identity() if named else "")
     if threading not in THREADING_MODES:
         raise ValueError(f"threading {threading!r} is not one of {list(THREADING_MODES)}")
-    if threading == "sequential":
+    if threading != "openmp":
         return tuple(flag for flag in flags if not flag.startswith("-fopenmp"))
     return flags
 

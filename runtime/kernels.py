@@ -285,6 +285,7 @@ def dims_of(problem, num_threads: int):
     """The `convgrad_dims` of a resolved problem."""
     rank = problem.config.rank
     dims = ffi.new("convgrad_dims *")
+    dims.size = ffi.sizeof("convgrad_dims")
     dims.batch = problem.batch
     dims.src[0:rank] = problem.src_spatial
     dims.dst[0:rank] = problem.dst_spatial

@@ -58,7 +58,8 @@ int main(int argc, char **argv)
         return 3;
     fclose(in);
     convgrad_dims dims = {.batch = h[1], .src = {h[2], h[3], h[4]}, .dst = {h[5], h[6], h[7]},
-                          .pads_begin = {h[8], h[9], h[10]}, .num_threads = (int32_t)h[11]};
+                          .pads_begin = {h[8], h[9], h[10]}, .num_threads = (int32_t)h[11],
+                          .size = sizeof(convgrad_dims)};
     int32_t status = KERNELS[h[0]](a, b, out, &dims, NULL);
     FILE *result = fopen(argv[2], "wb");
     fwrite(&status, sizeof status, 1, result);

@@ -101,14 +101,15 @@ int main(int argc, char **argv)
         return 21;
     /* sizes: what the kernel refuses, the check refuses, and the other way round */
     const convgrad_dims dims = {.batch = 1, .src = {11, 9}, .dst = {6, 5}, .pads_begin = {1, 1},
-                                .num_threads = 1};
-    convgrad_dims bad[4] = {dims, dims, dims, dims};
+                                .num_threads = 1, .size = sizeof(convgrad_dims)};
+    convgrad_dims bad[5] = {dims, dims, dims, dims, dims};
     bad[0].src[1] = 0;
     bad[1].batch = -1;
     bad[2].pads_begin[0] = -1;
     bad[3].dst[0] = CONVGRAD_MAX_EXTENT + 1;
+    bad[4].size = 0; /* a struct of an older header, or not set */
     int64_t n[3] = {-7, -7, -7};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 5; ++i) {
         if (convgrad_check_dims(data, &bad[i]) != CONVGRAD_EINVAL
             || data->run(NULL, NULL, NULL, &bad[i], NULL) != CONVGRAD_EINVAL
             || convgrad_tensor_elements(data, &bad[i], n) != CONVGRAD_EINVAL || n[0] != -7)
@@ -121,7 +122,8 @@ int main(int argc, char **argv)
         || convgrad_check_dims(NULL, &dims) != CONVGRAD_EINVAL
         || convgrad_check_dims(data, NULL) != CONVGRAD_EINVAL)
         return 40;
-    const convgrad_dims pointwise = {.batch = 2, .src = {4, 3}, .dst = {4, 3}, .num_threads = 1};
+    const convgrad_dims pointwise = {.batch = 2, .src = {4, 3}, .dst = {4, 3}, .num_threads = 1,
+                                    .size = sizeof(convgrad_dims)};
     if (!run("example_data", NULL, dims) || !run("pointwise", NULL, pointwise))
         return 50;
     return 0;

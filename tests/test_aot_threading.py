@@ -76,4 +76,4 @@ def test_sequential_source_refuses_openmp_and_openmp_source_is_unchanged(tmp_pat
                           str(source)], capture_output=True, text=True)
     assert run.returncode != 0 and "--threading sequential" in run.stderr
     with pytest.raises(ValueError, match="threading"):
-        render(config, threading="caller")
+        render(config, threading="tbb")

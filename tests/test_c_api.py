@@ -81,7 +81,8 @@ int main(void)
         src[i] = (float)((i * 11) % 5 - 2);
     for (int i = 0; i < N * OC * H * W; ++i)
         diff_dst[i] = (float)((i * 7) % 5 - 2);
-    const convgrad_dims dims = {.batch = N, .src = {H, W}, .dst = {H, W}, .num_threads = 1};
+    const convgrad_dims dims = {.batch = N, .src = {H, W}, .dst = {H, W}, .num_threads = 1,
+                               .size = sizeof(convgrad_dims)};
     if (convgrad_pointwise(src, diff_dst, diff_weights, &dims, NULL))
         return 1;
     for (int i = 0; i < OC * IC; ++i)

@@ -45,7 +45,8 @@ int main(void)
 
     /* sizes of the forward convolution: src (the large tensor), dst (diff_dst), pads */
     const convgrad_dims dims = {.batch = N, .src = {YH, YW}, .dst = {XH, XW},
-                                .pads_begin = {1, 1}, .num_threads = 1};
+                                .pads_begin = {1, 1}, .num_threads = 1,
+                                .size = sizeof(convgrad_dims)};
 
     /* With a workspace the caller keeps ... */
     void *workspace = malloc((size_t)convgrad_example_data_workspace_size(&dims));
