@@ -164,7 +164,8 @@ def build(layers: list[Layer], output: Path, *, isa: str, jobs: int,
     its tuned plan where `tuned` has a record for it, else the planner's rules for the
     target's vendor (this CPU's without a target). `threading` (THREADING_MODES):
     "openmp" kernels run their parallel regions on OpenMP threads, "sequential" ones on
-    the calling thread, built without OpenMP (the library needs only libc and libm).
+    the calling thread, "caller" ones on the pool the call's convgrad_dims names; the
+    last two are built without OpenMP (the library needs only libc and libm).
 
     The folder is written fully before its manifest, which is replaced
     atomically, so a reader never sees a manifest naming missing kernels."""

@@ -102,8 +102,9 @@ def _add_aot_parser(commands) -> None:
                              "flags (give a cross compiler with --cc)")
     parser.add_argument("--threading", default="openmp", choices=list(THREADING_MODES),
                         help="how the folder's kernels run their parallel regions: on OpenMP "
-                             "threads (default), or sequential: on the calling thread, built "
-                             "without OpenMP (the library needs only libc and libm)")
+                             "threads (default); sequential: on the calling thread; caller: "
+                             "on the caller's thread pool, through the parallel_for in "
+                             "convgrad_dims (docs/aot.md). The last two link no OpenMP")
     parser.add_argument("--install-prefix", type=Path, default=None, metavar="DIR",
                         help="also install the folder's header, libraries, CMake package and "
                              "pkg-config files into DIR (include/, lib/, lib/cmake/, "

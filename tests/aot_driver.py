@@ -1,7 +1,8 @@
 """A C driver that runs an AOT folder's kernels on cases written by Python, natively or
 under qemu, and the layer list the threading and package tests build: small layers whose
 kernels take the templates with OpenMP regions that ask for their thread number (row
-shares, NCX bands, the grouped and plain weight gradients, depthwise)."""
+shares, NCX bands, the grouped and plain weight gradients, depthwise). The C++ driver
+runs a --threading caller folder's kernels on examples/caller_pool's thread pool."""
 
 from __future__ import annotations
 
@@ -31,6 +32,25 @@ LAYERS = [
      "attrs": {"groups": 2, "pads_begin": 1, "pads_end": 1}},
     {"op": "ConvolutionBackwardData", "name": "data_depthwise",
      "inputs": [[2, 7, 6, 16], [3, 3, 1, 16], [7, 6]],
+     "attrs": {"groups": 16, "pads_begin": 1, "pads_end": 1}},
+]
+# Larger layers of the same kinds: every one of them splits over 3 threads (the kernels
+# wake a thread per 2e6 multiply-adds at most, depthwise ones per 5e5).
+POOL_LAYERS = [
+    {"op": "ConvolutionBackwardData", "name": "data_nxc",
+     "inputs": [[8, 12, 10, 32], [3, 3, 16, 32], [23, 19]],
+     "attrs": {"strides": 2, "pads_begin": 1, "pads_end": 1}},
+    {"op": "ConvolutionBackwardData", "name": "data_ncx",
+     "inputs": [[8, 32, 12, 10], [32, 16, 3, 3], [12, 10]],
+     "attrs": {"pads_begin": 1, "pads_end": 1, "data_format": "NCX", "weights_format": "OIX"}},
+    {"op": "ConvolutionBackwardWeights", "name": "weights_nxc",
+     "inputs": [[8, 23, 19, 16], [8, 12, 10, 32], [3, 3]],
+     "attrs": {"strides": 2, "pads_begin": 1, "pads_end": 1}},
+    {"op": "ConvolutionBackwardWeights", "name": "weights_grouped",
+     "inputs": [[8, 14, 12, 32], [8, 14, 12, 16], [3, 3]],
+     "attrs": {"groups": 2, "pads_begin": 1, "pads_end": 1}},
+    {"op": "ConvolutionBackwardData", "name": "data_depthwise",
+     "inputs": [[16, 28, 24, 16], [3, 3, 1, 16], [28, 24]],
      "attrs": {"groups": 16, "pads_begin": 1, "pads_end": 1}},
 ]
 
@@ -69,6 +89,60 @@ int main(int argc, char **argv)
 }
 """
 
+
+# The same driver in C++, for --threading caller folders: the case's thread count is the
+# worker count of examples/caller_pool's ThreadPool, whose parallel_for runs the parts.
+POOL_DRIVER = r"""
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+#include "%s"
+#include "thread_pool.hpp"
+
+typedef int (*kernel_fn)(const void *, const void *, void *, const convgrad_dims *, void *);
+static const kernel_fn KERNELS[] = {%s};
+
+static int pool_calls;
+
+static void counted_parallel_for(void *pool, convgrad_task task, void *argument, size_t count)
+{
+    ++pool_calls;
+    ThreadPool::parallel_for(pool, task, argument, count);
+}
+
+int main(int argc, char **argv)
+{
+    int64_t h[15];
+    FILE *in = argc == 3 ? std::fopen(argv[1], "rb") : nullptr;
+    if (!in || std::fread(h, sizeof h[0], 15, in) != 15)
+        return 2;
+    std::vector<char> a(h[12] + 1), b(h[13] + 1), out(h[14] + 1);
+    if (std::fread(a.data(), 1, h[12], in) != (size_t)h[12]
+        || std::fread(b.data(), 1, h[13], in) != (size_t)h[13])
+        return 3;
+    std::fclose(in);
+    ThreadPool pool(static_cast<unsigned>(h[11]));
+    convgrad_dims dims = CONVGRAD_DIMS_INIT;
+    dims.batch = h[1];
+    for (int i = 0; i < 3; ++i) {
+        dims.src[i] = h[2 + i];
+        dims.dst[i] = h[5 + i];
+        dims.pads_begin[i] = h[8 + i];
+    }
+    dims.num_threads = static_cast<int32_t>(pool.workers());
+    dims.parallel_for = counted_parallel_for;
+    dims.pool = &pool;
+    int32_t status = KERNELS[h[0]](a.data(), b.data(), out.data(), &dims, nullptr);
+    if (h[11] > 1 && pool_calls == 0)
+        return 5; /* the kernel never handed its parts to the pool */
+    FILE *result = std::fopen(argv[2], "wb");
+    std::fwrite(&status, sizeof status, 1, result);
+    std::fwrite(out.data(), 1, h[14], result);
+    std::fclose(result);
+    return 0;
+}
+"""
+POOL_INCLUDE = Path(__file__).resolve().parent.parent / "examples" / "caller_pool"
 
 @dataclass
 class Case:
@@ -119,6 +193,19 @@ def write_driver(folder: Path, kernels: list[str]) -> Path:
     return path
 
 
+def write_pool_driver(folder: Path, kernels: list[str]) -> Path:
+    """The C++ driver of a caller folder (compile with -I POOL_INCLUDE -pthread)."""
+    path = folder / "driver.cpp"
+    path.write_text(POOL_DRIVER % ("convgrad_kernels.h", ", ".join(kernels)))
+    return path
+
+
+def with_threads(found: list[Case], threads: int) -> list[Case]:
+    """The cases with another thread count (the driver's workers)."""
+    return [Case(case.layer, case.kernel, [*case.header[:10], threads, *case.header[11:]],
+                 case.first, case.second, case.expected) for case in found]
+
+
 def run(program: Path, found: list[Case], kernels: list[str], work: Path,
         runner: tuple[str, ...] = ()) -> list[bytes]:
     """Runs every case through the driver (under `runner`, e.g. qemu); asserts each
@@ -130,7 +217,7 @@ def run(program: Path, found: list[Case], kernels: list[str], work: Path,
                               + case.first.tobytes() + case.second.tobytes())
         done = subprocess.run([*runner, str(program), str(case_file), str(result_file)],
                               capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == 0, (case.layer.name, done.returncode, done.stderr[-2000:])
         data = result_file.read_bytes()
         assert struct.unpack("<i", data[:4])[0] == 0, case.layer.name
         result = np.frombuffer(data[4:], dtype=np.float32).reshape(case.expected.shape)

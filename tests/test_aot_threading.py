@@ -60,6 +60,32 @@ def test_sequential_folder_needs_no_openmp_and_matches_the_openmp_one(tmp_path):
     assert results["openmp"] == results["sequential"]
 
 
+@pytest.mark.skipif(shutil.which("c++") is None, reason="needs a C++ compiler")
+def test_caller_folder_runs_on_the_programs_own_pool_exactly(tmp_path):
+    """A --threading caller folder links no OpenMP runtime; a C++ program runs its kernels on
+    its own std::thread pool (examples/caller_pool), with 1, 2 and 3 workers, each
+    result the reference's bit for bit; with more than one worker every kernel hands its
+    parts to the pool."""
+    layers = aot_driver.write_layers(tmp_path, aot_driver.POOL_LAYERS)
+    folder = tmp_path / "caller"
+    manifest = _build(layers, folder, "caller")
+    assert manifest["threading"] == "caller" and "-fopenmp" not in manifest["flags"]
+    library, archive = folder / "libconvgrad_kernels.so", folder / "libconvgrad_kernels.a"
+    # the loader itself for the call's pool (a thread-local variable: __tls_get_addr)
+    needs = aot_driver.dynamic_needs(library)
+    assert needs <= {"libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2"}, needs
+    assert not aot_driver.openmp_symbols(library) and not aot_driver.openmp_symbols(archive)
+    found = aot_driver.cases(layers, manifest)
+    kernels = sorted({case.kernel for case in found})
+    driver = aot_driver.write_pool_driver(folder, kernels)
+    program = folder / "driver"
+    subprocess.run(["c++", "-O1", "-std=c++17", "-I", str(folder), "-I",
+                    str(aot_driver.POOL_INCLUDE), str(driver), str(archive), "-pthread", "-lm",
+                    "-o", str(program)], check=True, capture_output=True)
+    runs = [aot_driver.run(program, aot_driver.with_threads(found, workers), kernels, tmp_path)
+            for workers in (1, 2, 3)]
+    assert runs[0] == runs[1] == runs[2]
+
 def test_sequential_source_refuses_openmp_and_openmp_source_is_unchanged(tmp_path):
     """The sequential prelude stands in for omp.h; compiled with -fopenmp by mistake it
     stops the build instead of racing. The openmp source is the runtime's."""

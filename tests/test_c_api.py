@@ -33,7 +33,29 @@ def test_example_c_program_agrees_with_the_reference(tmp_path):
     program = tmp_path / "example"
     subprocess.run(["make", "-C", str(EXAMPLE), f"AOT={aot}", f"PROGRAM={program}"],
                    check=True, capture_output=True)
-    output = subprocess.run([str(program)], check=True, capture_output=True, text=True).stdout
+    _assert_example_output(subprocess.run([str(program)], check=True, capture_output=True,
+                                          text=True).stdout)
+
+
+@pytest.mark.skipif(shutil.which("make") is None or shutil.which("c++") is None,
+                    reason="needs make and a C++ compiler")
+def test_thread_pool_example_agrees_with_the_reference(tmp_path):
+    """examples/caller_pool: the same layers built with --threading caller, run on the
+    program's own std::thread pool of 1 and 3 workers."""
+    aot = tmp_path / "aot"
+    subprocess.run([sys.executable, "-m", "convgrad", "aot", str(EXAMPLE / "layers.json"),
+                    "-o", str(aot), "-j", "2", "--threading", "caller"], cwd=ROOT, check=True,
+                   capture_output=True)
+    program = tmp_path / "pool_example"
+    subprocess.run(["make", "-C", str(ROOT / "examples" / "caller_pool"), f"AOT={aot}",
+                    f"PROGRAM={program}"], check=True, capture_output=True)
+    for workers in ("1", "3"):
+        _assert_example_output(subprocess.run([str(program), workers], check=True,
+                                              capture_output=True, text=True).stdout)
+
+
+def _assert_example_output(output: str) -> None:
+    """The examples print diff_src then diff_weights of layers.json, value by value."""
     sections = output.split("diff_weights\n")
     diff_src = np.array(sections[0].split()[1:], dtype=np.float32)
     diff_weights = np.array(sections[1].split(), dtype=np.float32)
