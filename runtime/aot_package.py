@@ -1,16 +1,18 @@
 """An AOT folder as a package: a CMake package configuration and pkg-config files,
 written into the folder (usable where it is) and installed into a prefix.
 
-In the folder:   convgrad_kernelsConfig.cmake, convgrad_kernels.pc,
-                 convgrad_kernels-static.pc (beside the libraries and the header);
+In the folder:   convgrad_kernelsConfig.cmake, convgrad_kernelsConfigVersion.cmake,
+                 convgrad_kernels.pc, convgrad_kernels-static.pc (beside the libraries
+                 and the header);
 under a prefix:  include/convgrad_kernels.h, lib/libconvgrad_kernels.{so,a},
-                 lib/cmake/convgrad_kernels/convgrad_kernelsConfig.cmake,
+                 lib/cmake/convgrad_kernels/convgrad_kernelsConfig{,Version}.cmake,
                  lib/pkgconfig/convgrad_kernels{,-static}.pc,
                  share/convgrad_kernels/manifest.json.
 
 Both are relocatable: the CMake file finds the libraries from its own folder, the .pc
 files from ${pcfiledir}. The CMake package requires OpenMP, and the static .pc links
--fopenmp, only in the openmp threading mode.
+-fopenmp, only in the openmp threading mode. The CMake package's version is the
+folder's ABI version (codegen.render.ABI_VERSION).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import os
 import shutil
 from pathlib import Path
 
-from convgrad.codegen.render import PACKAGE_VERSION, render_aot_file
+from convgrad.codegen.render import ABI_VERSION, PACKAGE_VERSION, render_aot_file
 
 LIBRARY = "libconvgrad_kernels.so"
 STATIC_LIBRARY = "libconvgrad_kernels.a"
 HEADER = "convgrad_kernels.h"
 CMAKE_CONFIG = "convgrad_kernelsConfig.cmake"
+CMAKE_VERSION = "convgrad_kernelsConfigVersion.cmake"
 PKG_CONFIG = ("convgrad_kernels.pc", "convgrad_kernels-static.pc")
 
 
@@ -42,7 +45,8 @@ def _files(threading: str, *, installed: bool) -> dict[str, str]:
         prefix=prefix, libdir="${prefix}/lib" if installed else "${prefix}",
         includedir="${prefix}/include" if installed else "${prefix}", version=PACKAGE_VERSION)
         for name in PKG_CONFIG}
-    return {CMAKE_CONFIG: cmake, **pcs}
+    version = render_aot_file("package_version.cmake.j2", abi_version=ABI_VERSION)
+    return {CMAKE_CONFIG: cmake, CMAKE_VERSION: version, **pcs}
 
 
 def write_packages(folder: Path, threading: str) -> None:
@@ -68,7 +72,7 @@ def install(folder: Path, prefix: Path) -> list[Path]:
         os.replace(temporary, place / name)
         written.append(place / name)
     for name, text in _files(threading, installed=True).items():
-        place = prefix / "lib" / ("cmake/convgrad_kernels" if name == CMAKE_CONFIG
+        place = prefix / "lib" / ("cmake/convgrad_kernels" if name.endswith(".cmake")
                                   else "pkgconfig")
         place.mkdir(parents=True, exist_ok=True)
         (place / name).write_text(text)

@@ -16,6 +16,7 @@ import aot_driver
 import numpy as np
 import pytest
 
+from convgrad.codegen.render import ABI_VERSION
 from convgrad.reference import reference
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,11 +51,11 @@ def _assert_example_output(program: Path, sequential: bool) -> None:
         reference(weights["op"], [src, dd, weights["inputs"][2]], weights["attrs"]).ravel())
 
 
-def _cmake(project: Path, build: Path, package: str) -> None:
+def _cmake(project: Path, build: Path, package: str, version: int = ABI_VERSION) -> None:
     project.mkdir()
     (project / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.16)\nproject(example C)\n"
-        "find_package(convgrad_kernels CONFIG REQUIRED)\n"
+        f"find_package(convgrad_kernels {version} CONFIG REQUIRED)\n"
         f"add_executable(example_shared {EXAMPLE / 'main.c'})\n"
         "target_link_libraries(example_shared PRIVATE convgrad_kernels::convgrad_kernels)\n"
         f"add_executable(example_static {EXAMPLE / 'main.c'})\n"
@@ -72,7 +73,7 @@ def _pkg_config(pc_path: Path, package: str) -> list[str]:
     return run.stdout.split()
 
 
-@pytest.mark.parametrize("threading", ["openmp", "sequential"])
+@pytest.mark.parametrize("threading", ["openmp", "sequential", "caller"])
 def test_example_through_cmake_package_and_pkg_config(threading, tmp_path):
     missing = [tool for tool in ("cmake", "pkg-config") if shutil.which(tool) is None]
     if missing:
@@ -83,13 +84,16 @@ def test_example_through_cmake_package_and_pkg_config(threading, tmp_path):
                             "--install-prefix", str(prefix)], cwd=ROOT, capture_output=True,
                            text=True)
     assert built.returncode == 0, built.stderr[-3000:]
-    sequential = threading == "sequential"
+    sequential = threading != "openmp"  # no OpenMP runtime linked
     config = (prefix / "lib/cmake/convgrad_kernels/convgrad_kernelsConfig.cmake").read_text()
     assert ("OpenMP" in config) == (not sequential)
-    # one mode finds the folder with CMake and the prefix with pkg-config, the other the
+    # one mode finds the folder with CMake and the prefix with pkg-config, the others the
     # other way round: each layout is used by each tool
     cmake_from, pc_from = ((f"-DCMAKE_PREFIX_PATH={prefix}", folder) if sequential
                            else (f"-Dconvgrad_kernels_DIR={folder}", prefix / "lib/pkgconfig"))
+    if threading == "caller":  # the package's version is the ABI's: another is refused
+        with pytest.raises(AssertionError, match="convgrad_kernels"):
+            _cmake(tmp_path / "other", tmp_path / "other-build", cmake_from, ABI_VERSION + 1)
     _cmake(tmp_path / "project", tmp_path / "build", cmake_from)
     for name in ("example_shared", "example_static"):
         program = tmp_path / "build" / name

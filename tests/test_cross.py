@@ -275,25 +275,26 @@ def test_aot_target_errors(args, message, tmp_path):
     assert run.returncode == 2 and message in run.stderr
 
 
-def test_sequential_aarch64_folder_needs_no_openmp_and_is_exact(tmp_path):
-    """`convgrad aot --threading sequential` for a Neoverse N1: the shared library needs
-    only libc and libm, neither it nor the archive names OpenMP, and a C program linked
-    with the archive and no -fopenmp is exact under qemu."""
-    tools = _tools("neoverse_n1")
+@pytest.mark.parametrize("name,machine", [("neoverse_n1", "aarch64"), ("riscv64", "riscv64")])
+def test_sequential_cross_folder_needs_no_openmp_and_is_exact(name, machine, tmp_path):
+    """`convgrad aot --threading sequential` for a Neoverse N1 and for riscv64: the
+    shared library needs only libc and libm, neither it nor the archive names OpenMP, and
+    a C program linked with the archive and no -fopenmp is exact under qemu."""
+    tools = _tools(name)
     env = {**os.environ, "CONVGRAD_CACHE_DIR": str(tmp_path / "cache"), "CONVGRAD_AOT_PATH": ""}
     layers = aot_driver.write_layers(tmp_path)
     folder = tmp_path / "aot"
     build = subprocess.run(["convgrad", "aot", str(layers), "-o", str(folder), "-j", "2",
-                            "--target", "neoverse_n1", "--cc", tools["cc"],
+                            "--target", name, "--cc", tools["cc"],
                             "--threading", "sequential"], env=env, capture_output=True,
                            text=True, timeout=600)
     assert build.returncode == 0, build.stderr[-3000:]
     manifest = json.loads((folder / "manifest.json").read_text())
-    assert manifest["threading"] == "sequential" and manifest["machine"] == "aarch64"
+    assert manifest["threading"] == "sequential" and manifest["machine"] == machine
     library, archive = folder / "libconvgrad_kernels.so", folder / "libconvgrad_kernels.a"
     needs = aot_driver.dynamic_needs(library)
     assert needs <= {"libc.so.6", "libm.so.6"} and "libc.so.6" in needs, needs
-    nm = shutil.which("aarch64-linux-gnu-nm") or "nm"
+    nm = shutil.which(tools["cc"].replace("-gcc", "-nm")) or "nm"
     assert not aot_driver.openmp_symbols(library, nm)
     assert not aot_driver.openmp_symbols(archive, nm)
     found = aot_driver.cases(layers, manifest)
