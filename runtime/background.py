@@ -32,11 +32,11 @@ import time
 import warnings
 from collections.abc import Iterable
 
-from convgrad import compiler
+from convgrad import compiler, settings
 
 log = logging.getLogger("convgrad")
 
-MODES = ("background", "block")
+MODES = settings.COMPILE_MODES
 ENV = "CONVGRAD_COMPILE"
 _override: str | None = None
 
@@ -54,10 +54,7 @@ def mode() -> str:
     """The compile mode in force: set_mode's, else CONVGRAD_COMPILE's, else background."""
     if _override is not None:
         return _override
-    value = os.environ.get(ENV, "").strip().lower() or "background"
-    if value not in MODES:
-        raise ValueError(f"{ENV}={value!r} is invalid; expected one of {list(MODES)}")
-    return value
+    return settings.current().compile_mode
 
 
 def workers() -> int:
@@ -86,7 +83,7 @@ DELAY_ENV = "CONVGRAD_BUILD_DELAY"
 # stand-ins, was 0.28 s (R3D-18; ResNet-50 0.06, MobileNetV2 0.01: Zen 4, 2 threads); with
 # 0.5 s a noisy machine's slower first step let the builds start within it now and then
 # (R3D-18's first step 2.45 s in one of three runs, 0.72-0.86 s in the others).
-DEFAULT_DELAY = 1.0
+DEFAULT_DELAY = settings.DEFAULT_BUILD_DELAY
 # Held requests start at most this many seconds after the first of them, whatever comes
 # after (a program whose inputs change shape asks for new kernels on and on).
 MAX_HOLD = 10.0
@@ -94,16 +91,7 @@ MAX_HOLD = 10.0
 
 def build_delay() -> float:
     """Seconds without a new request before held builds start (CONVGRAD_BUILD_DELAY)."""
-    value = os.environ.get(DELAY_ENV, "").strip()
-    if not value:
-        return DEFAULT_DELAY
-    try:
-        delay = float(value)
-    except ValueError:
-        delay = -1.0
-    if not 0 <= delay < float("inf"):
-        raise ValueError(f"{DELAY_ENV}={value!r} is invalid; expected seconds (0 or more)")
-    return delay
+    return settings.current().build_delay
 
 
 class _Pool:
@@ -197,9 +185,6 @@ class _Pool:
 # worker process of its own (convgrad.build_worker: a plain `python -m`, which neither
 # forks this process's threads nor imports the user's program, as multiprocessing's
 # spawn would), told the settings that decide what it builds and where.
-_SETTINGS = ("CC", "PATH", "CONVGRAD_CACHE_DIR", "XDG_CACHE_HOME", "CONVGRAD_CFLAGS",
-             "CONVGRAD_TARGET", "CONVGRAD_SANITIZE", "CONVGRAD_BUILD_JOBS", "CONVGRAD_ISA",
-             "CONVGRAD_AOT_PATH")
 _workers = threading.local()  # each build thread's worker process
 _all_workers: set[subprocess.Popen] = set()
 
@@ -230,10 +215,10 @@ def _build_elsewhere(config, plan=None, busy: bool = False) -> None:
     parts a kernel, 17.5-22.0 s with CONVGRAD_BUILD_JOBS=1 and 20.5-20.8 s by this rule
     (a noisy shared VM; the first build of a pool has no other pending)."""
     process = _worker()
-    settings = {name: os.environ.get(name) for name in _SETTINGS}
-    if busy and not (settings["CONVGRAD_BUILD_JOBS"] or "").strip():
-        settings["CONVGRAD_BUILD_JOBS"] = "1"
-    request = {"config": config.to_dict(), "plan": plan, "settings": settings}
+    environment = settings.current().environment()
+    if busy and not (environment["CONVGRAD_BUILD_JOBS"] or "").strip():
+        environment["CONVGRAD_BUILD_JOBS"] = "1"
+    request = {"config": config.to_dict(), "plan": plan, "settings": environment}
     try:
         process.stdin.write(json.dumps(request) + "\n")
         process.stdin.flush()

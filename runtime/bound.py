@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from convgrad import kernels, threads, tuning
+from convgrad import kernels, settings, threads, tuning
 from convgrad.codegen import Problem, resolve
 from convgrad.codegen.plan import small_problem_plan, vendor_plan
 from convgrad.cpu import cpu_features, cpu_vendor, selected_isa
@@ -154,7 +154,7 @@ def settings_key() -> tuple:
     changing them in a running process, call convgrad.kernels.reset()."""
     global _environment
     if _environment is None:
-        _environment = (os.environ.get(tuning.ENV), os.environ.get("CONVGRAD_ISA"))
+        _environment = settings.values_of(tuning.ENV, "CONVGRAD_ISA")
     return threads.default_count, _environment
 
 

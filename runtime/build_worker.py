@@ -23,21 +23,17 @@ def main() -> int:
     # cache, ResNet-50 / EfficientNet-B0: niceness 0 (the default) first step 6.9 / 6.3 s,
     # every kernel in use from step 7 / 24; niceness 10: 1.9 / 1.1 s, from step 243 / 1168
     # (the step's spinning OpenMP threads leave the builds little time).
-    niceness = os.environ.get("CONVGRAD_BUILD_NICE", "").strip()
-    if niceness.isdigit() and int(niceness) > 0:
-        with contextlib.suppress(OSError, AttributeError):
-            os.nice(int(niceness))
-    from convgrad import kernels
+    from convgrad import kernels, settings
     from convgrad.codegen import KernelConfig
 
+    niceness = settings.current().build_nice
+    if niceness > 0:
+        with contextlib.suppress(OSError, AttributeError):
+            os.nice(niceness)
     for line in sys.stdin:
         request = json.loads(line)
-        for name, value in request["settings"].items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
         try:
+            settings.adopt(request["settings"])  # the parent's, as it asked
             kernels.reset()
             kernels.get_kernel(KernelConfig.from_dict(request["config"]),
                                request.get("plan"))

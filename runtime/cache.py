@@ -41,7 +41,7 @@ from pathlib import Path
 import platformdirs
 from filelock import FileLock
 
-from convgrad import pch
+from convgrad import pch, settings
 from convgrad.codegen import KernelConfig, generator_version, render, source_digest
 from convgrad.codegen.isa import ISA_FEATURES
 from convgrad.codegen.plan import compile_parts, kernel_name
@@ -61,10 +61,10 @@ UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT
 
 def configured_dir() -> Path:
     """CONVGRAD_CACHE_DIR, else $XDG_CACHE_HOME/convgrad, else ~/.cache/convgrad."""
-    explicit = os.environ.get("CONVGRAD_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    return _platform_dir(os.environ.get("XDG_CACHE_HOME"), os.environ.get("HOME"))
+    current = settings.current()
+    if current.cache_dir:
+        return Path(current.cache_dir)
+    return _platform_dir(current.xdg_cache_home, current.home)
 
 
 @cache
@@ -116,8 +116,8 @@ def has_index() -> bool:
 
 
 def max_bytes() -> int:
-    value = os.environ.get("CONVGRAD_CACHE_MAX_MB", "")
-    return int(float(value) * 2**20) if value.strip() else DEFAULT_MAX_MB * 2**20
+    limit = settings.current().cache_max_mb
+    return int(limit * 2**20) if limit is not None else DEFAULT_MAX_MB * 2**20
 
 
 @cache
@@ -286,16 +286,13 @@ def build_jobs() -> int:
     compiled as two objects at once (functions.h.j2): its first call is 20-30% sooner
     on an idle machine (Zen 4, GCC 12), for ~20% more CPU time in all, which a machine
     busy compiling (a parallel test run) pays."""
-    value = os.environ.get("CONVGRAD_BUILD_JOBS", "").strip()
-    if not value:
+    jobs = settings.current().build_jobs
+    if jobs is None:
         try:
-            cores = len(os.sched_getaffinity(0))
+            jobs = len(os.sched_getaffinity(0))
         except AttributeError:  # not Linux
-            cores = os.cpu_count() or 1
-        return min(2, cores)
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"CONVGRAD_BUILD_JOBS must be a positive integer, not {value!r}")
-    return min(2, int(value))
+            jobs = os.cpu_count() or 1
+    return min(2, jobs)
 
 
 def find(config: KernelConfig, plan: Mapping[str, int] | None = None, *,

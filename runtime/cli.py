@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import convgrad
-from convgrad import aot, aot_package, cache, kernels, pch, tuning
+from convgrad import aot, aot_package, cache, kernels, pch, settings, tuning
 from convgrad import explain as explain_module
 from convgrad.codegen import OPS, KernelConfig, generator_version
 from convgrad.codegen.config import ISAS
@@ -211,10 +211,11 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be at least 1 (got {value})")
+    changes = {}  # the settings this command runs with (settings.using, not os.environ)
     if args.cc:
-        os.environ["CC"] = args.cc
+        changes["CC"] = args.cc
     if args.cflags is not None:
-        os.environ["CONVGRAD_CFLAGS"] = args.cflags
+        changes["CONVGRAD_CFLAGS"] = args.cflags
     output = args.output or aot.default_output()
     isa = args.isa or available_isas()[0]
     named = None
@@ -227,12 +228,19 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--isa {args.isa} contradicts --target {named.name} (its path is "
                          f"{named.isa})")
         isa = named.isa
-        os.environ["CONVGRAD_TARGET"] = named.name
+        changes["CONVGRAD_TARGET"] = named.name
         if named.isa not in available_isas() and (args.check or args.tune):
             parser.error(f"--check and --tune run kernels here; this machine cannot run "
                          f"{named.name}'s {named.isa} path (see README: emulated tests)")
     if args.input_shape and not args.torch_model:
         parser.error("--input-shape is the shape of --torch-model's input")
+    with settings.using(settings.current().with_values(**changes)):
+        return _aot_with(args, parser, ops, output, isa, named)
+
+
+def _aot_with(args: argparse.Namespace, parser: argparse.ArgumentParser, ops, output: Path,
+              isa: str, named) -> int:
+    """_aot once its settings are in force."""
     try:
         layers = [] if args.torch_model and not args.layers else aot.read_layers(
             args.layers, ops=ops, dtype=args.dtype, data_format=args.data_format,
@@ -302,12 +310,15 @@ def _aot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         out.print(f"installed {len(installed)} files into {args.install_prefix}")
     if not args.check:
         return 0
-    os.environ["CONVGRAD_AOT_PATH"] = str(output)
-    kernels.reset()
     checked = [(config, layer) for config, users in configs.items() for layer in users]
-    with _progress() as progress:
-        outcomes = aot.check_layers([layer for _, layer in checked], repeats=args.repeats,
-                                    num_threads=threads, progress=_stages(progress))
+    kernels.reset()
+    try:
+        with settings.using(settings.current().with_values(CONVGRAD_AOT_PATH=str(output))), \
+                _progress() as progress:
+            outcomes = aot.check_layers([layer for _, layer in checked], repeats=args.repeats,
+                                        num_threads=threads, progress=_stages(progress))
+    finally:
+        kernels.reset()  # its kernels came from that folder
     rows, failures = [], 0
     for (config, layer), outcome in zip(checked, outcomes, strict=True):
         failures += not (outcome["exact"] and outcome["origin"] == "aot")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import shutil
 import subprocess
 from functools import cache
 from pathlib import Path
 
+from convgrad import settings
 from convgrad.codegen.isa import ISA_EXTRA_FLAGS, ISA_FLAGS
 from convgrad.codegen.render import THREADING_MODES
 from convgrad.codegen.targets import compiler_kind, target
@@ -31,12 +31,7 @@ class CompileError(RuntimeError):
 
 def compiler_command() -> list[str]:
     """The C compiler to run: $CC (may carry arguments), default `cc`."""
-    return list(_split(os.environ.get("CC", "").strip() or "cc"))
-
-
-@cache
-def _split(command: str) -> tuple[str, ...]:
-    return tuple(shlex.split(command))
+    return list(settings.current().cc)
 
 
 # CONVGRAD_SANITIZE=1: kernels check every access (the process needs libasan preloaded).
@@ -53,9 +48,9 @@ def compile_flags(isa: str, threading: str = "openmp") -> tuple[str, ...]:
     what the path needs on top; CONVGRAD_CFLAGS adds more. `threading` "sequential" or
     "caller" (convgrad aot --threading, codegen's THREADING_MODES) drops every -fopenmp
     flag: no OpenMP runtime is linked."""
-    named = os.environ.get("CONVGRAD_TARGET", "").strip()
-    flags = _compile_flags(isa, os.environ.get("CONVGRAD_CFLAGS", ""),
-                           os.environ.get("CONVGRAD_SANITIZE") == "1", named,
+    current = settings.current()
+    named = current.target
+    flags = _compile_flags(isa, current.cflags, current.sanitize, named,
                            compiler_identity() if named else "")
     if threading not in THREADING_MODES:
         raise ValueError(f"threading {threading!r} is not one of {list(THREADING_MODES)}")
@@ -124,7 +119,7 @@ def link_shared(objects: list[Path], output: Path, isa: str,
 
 def archive(objects: list[Path], output: Path) -> None:
     """A static library of compiled objects ($AR, default `ar`)."""
-    _run([[*shlex.split(os.environ.get("AR", "").strip() or "ar"), "rcs", str(output),
+    _run([[*settings.current().ar, "rcs", str(output),
            *map(str, objects)]], objects)
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import platform
 from functools import cache
 from pathlib import Path
 
-from convgrad.codegen.config import ISAS
+from convgrad import settings
 from convgrad.codegen.isa import runnable_isas
 
 X86_ISAS = ("avx512bf16", "avx512", "avx2", "portable")
@@ -81,11 +80,9 @@ def available_isas() -> tuple[str, ...]:
 
 def selected_isa() -> str:
     """The ISA path kernels are built for: CONVGRAD_ISA if set, else the best one."""
-    forced = os.environ.get("CONVGRAD_ISA", "").strip().lower()
+    forced = settings.current().isa
     if not forced:
         return available_isas()[0]
-    if forced not in ISAS:
-        raise ValueError(f"CONVGRAD_ISA={forced!r} is not one of {list(ISAS)}")
     if forced not in available_isas():
         raise RuntimeError(
             f"CONVGRAD_ISA={forced!r} cannot run on this CPU (it runs {list(available_isas())})")

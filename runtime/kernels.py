@@ -16,7 +16,7 @@ from pathlib import Path
 import cffi
 import numpy as np
 
-from convgrad import cache
+from convgrad import cache, settings
 from convgrad.cache import file_digest
 from convgrad.codegen import KernelConfig, generator_version, render, source_digest
 from convgrad.codegen.plan import (
@@ -97,7 +97,7 @@ def source_checkout() -> Path | None:
 def aot_search_path() -> list[Path]:
     """Folders whose manifest.json lists ahead-of-time kernels: CONVGRAD_AOT_PATH
     (os.pathsep-separated), else a source checkout's generated/ folder."""
-    explicit = os.environ.get("CONVGRAD_AOT_PATH")
+    explicit = settings.current().aot_path
     if explicit is not None:
         return [Path(p) for p in explicit.split(os.pathsep) if p]
     root = source_checkout()

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import os
 
+from convgrad import settings
+
 log = logging.getLogger("convgrad")
 
 # The count set_num_threads set; 0: OpenMP's default (OMP_NUM_THREADS, else every core).
@@ -54,8 +56,7 @@ def get_num_threads() -> int:
         return 1
     if default_count:
         return default_count
-    env = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]
-    return int(env) if env.isdigit() and int(env) > 0 else (os.cpu_count() or 1)
+    return settings.current().omp_num_threads or os.cpu_count() or 1
 
 
 def for_call(requested: int | None) -> int:
@@ -80,10 +81,10 @@ def _runtime_cannot_restart() -> str | None:
         return "an unknown OpenMP runtime"  # cannot tell: assume it cannot restart
     if "libgomp" in libraries:
         return "libgomp"
-    kmp_reset = os.environ.get("KMP_INIT_AT_FORK", "").strip().lower()
-    if ("libomp" in libraries or "libiomp" in libraries) and kmp_reset in (
+    kmp_reset = settings.current().kmp_init_at_fork
+    if ("libomp" in libraries or "libiomp" in libraries) and kmp_reset.lower() in (
             "false", "0", "no", "off", ".false."):
-        return "LLVM's OpenMP runtime with KMP_INIT_AT_FORK=" + os.environ["KMP_INIT_AT_FORK"]
+        return "LLVM's OpenMP runtime with KMP_INIT_AT_FORK=" + kmp_reset
     return None
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from filelock import FileLock
 
-from convgrad import cache, kernels
+from convgrad import cache, kernels, settings
 from convgrad.codegen import KernelConfig, Problem, generator_version
 from convgrad.codegen.isa import ISA_FEATURES
 from convgrad.codegen.plan import candidates, check_plan, kernel_name, plan_key
@@ -62,17 +62,8 @@ timings_run = 0
 def mode(tune: bool | str | None = None) -> str:
     """"off", "on" or "reuse", from a call's `tune` argument or else CONVGRAD_TUNE."""
     if tune is None:
-        value = os.environ.get(ENV, "").strip().lower()
-        where = f"{ENV}={value!r}"
-    else:
-        value, where = tune, f"tune={tune!r}"
-    if value in (True, "1", "on", "true", "yes"):
-        return "on"
-    if value in (False, "", "0", "off", "false", "no"):
-        return "off"
-    if value == "reuse":
-        return "reuse"
-    raise ValueError(f"{where} is invalid; expected on (1), reuse or off (0)")
+        return settings.current().tune
+    return settings.tune_mode(tune, f"tune={tune!r}")
 
 
 def sizes_of(problem: Problem) -> dict:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import os
 import secrets
 import threading
 from functools import cache
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import jax
 
-from convgrad import cached_build
+from convgrad import cached_build, settings
 from convgrad.codegen.render import render_xla_handler
 from convgrad.compiler import (
     SANITIZE_FLAGS,
@@ -40,7 +39,7 @@ _indices: dict[tuple, int] = {}  # a call's configuration -> its index in the ta
 def _flags() -> list[str]:
     """The handler's compile flags (CONVGRAD_SANITIZE=1: with the kernels' sanitizers)."""
     flags = ["-O2", "-std=gnu11", "-fPIC", "-shared", "-Wl,-z,nodelete"]
-    if os.environ.get("CONVGRAD_SANITIZE") == "1":
+    if settings.current().sanitize:
         flags += SANITIZE_FLAGS
     return flags
 

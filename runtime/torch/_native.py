@@ -24,8 +24,6 @@ import functools
 import hashlib
 import importlib.util
 import logging
-import os
-import shlex
 import shutil
 import subprocess
 import sys
@@ -37,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from convgrad import background, bound, cached_build
+from convgrad import background, bound, cached_build, settings
 from convgrad import cache as kernel_cache
 from convgrad.codegen.render import render_torch_calls
 from convgrad.compiler import SANITIZE_FLAGS, run_commands
@@ -64,15 +62,12 @@ def enabled() -> bool:
     Read once (again after convgrad.kernels.reset())."""
     global _enabled
     if _enabled is None:
-        value = os.environ.get(ENV, "").strip().lower()
-        if value not in ("", "on", "1", "off", "0"):
-            raise ValueError(f"{ENV}={value!r} is invalid; expected on or off")
-        _enabled = value in ("", "on", "1")
+        _enabled = settings.current().torch_native
     return _enabled
 
 
 def _compiler() -> list[str]:
-    return shlex.split(os.environ.get("CXX", "").strip() or "c++")
+    return list(settings.current().cxx)
 
 
 def _flags() -> list[str]:
@@ -89,7 +84,7 @@ def _flags() -> list[str]:
     flags += [f"-I{path}" for path in cpp_extension.include_paths()]
     flags += [f"-I{sysconfig.get_paths()['include']}", f"-L{library}", "-lc10", "-ltorch",
               "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{library}"]
-    if os.environ.get("CONVGRAD_SANITIZE") == "1":
+    if settings.current().sanitize:
         flags += SANITIZE_FLAGS
     return flags
 

@@ -19,18 +19,17 @@ of their own for the convolutions whose results are the outputs.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import importlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from convgrad import aot, tuning
+from convgrad import aot, settings, tuning
 from convgrad.codegen.layers import Layer
 from convgrad.codegen.targets import target as named_target
 from convgrad.cpu import selected_isa
@@ -92,26 +91,10 @@ def aot_kernels(model: nn.Module, *example_inputs, output: str | Path,
     layers = step_layers(model, *example_inputs, convert=convert, kwargs=kwargs)
     tuned = aot.plans_from(tuning.read_plans(Path(plans)), aot.kernels_of(layers, isa)) \
         if plans else None
-    with _environment("CONVGRAD_TARGET", named.name if named else None):
+    current = settings.current()
+    with settings.using(current.with_values(CONVGRAD_TARGET=named.name) if named else current):
         return aot.build(layers, Path(output), isa=isa, jobs=jobs or os.cpu_count() or 1,
                          progress=progress, tuned=tuned, target=named)
-
-
-@contextlib.contextmanager
-def _environment(name: str, value: str | None) -> Iterator[None]:
-    """Within: environment variable `name` is `value` (left alone for None)."""
-    if value is None:
-        yield
-        return
-    previous = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
 
 
 def load_model(spec: str) -> nn.Module:
