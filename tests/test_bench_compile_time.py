@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from benchmarks import compile_time
 from convgrad import pch
 from convgrad.cpu import selected_isa
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import compile_time  # noqa: E402
 
 
 def test_compile_time_reports_every_mode_per_family(capsys):
@@ -25,3 +22,4 @@ def test_compile_time_reports_every_mode_per_family(capsys):
     assert rows == {(mode, family, "1") for mode in modes.split(",")
                     for family in ("data", "weights")}
     assert all(0 < float(line.split()[3]) < 60 for line in lines[2:])
+
