@@ -3,6 +3,8 @@
     python -m benchmarks.pair_plans --set resnet50 --layers res3a_branch2a --op weights
         [--data-format NXC] [--dtype f32] [--isa avx2] [--threads 1,2] [--batch 8]
         [--min-time 0.5] [--repeats 2] --plan '{}' --plan '{"packed": 0}'
+    python -m benchmarks.pair_plans --shapes 'mb8ic96oc4_ih1oh1kh1sh1dh0ph0_iw1ow1kw1sw1dw0pw0'
+        --op fwd --threads 2 --plan '{}' --plan '{"tile_rows": 2}'   # layers of no set
 
 For each layer and thread count, every plan (a JSON mapping of plan choices, as
 convgrad.codegen.plan.check_plan takes; {} is the rules' plan) gets its own kernel,
@@ -30,6 +32,7 @@ from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_set
 from benchmarks.tensors import torch
 from benchmarks.timing import int_list, timed_pair
 from convgrad import kernels
+from convgrad.codegen.layers import parse_benchdnn
 from convgrad.codegen.plan import check_plan
 from convgrad.cpu import available_isas, selected_isa
 
@@ -38,8 +41,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pair_plans", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", default="resnet50", choices=list(SETS))
-    parser.add_argument("--layers", required=True,
+    parser.add_argument("--layers", default="",
                         help="comma-separated substrings of the layers' names")
+    parser.add_argument("--shapes", default=None,
+                        help="benchdnn descriptors to run instead of --set's layers (e.g. "
+                             "'mb8ic96oc4_ih1oh1kh1sh1dh0ph0_iw1ow1kw1sw1dw0pw0')")
     parser.add_argument("--op", default="weights", choices=list(OPS))
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
     parser.add_argument("--dtype", default="f32", choices=DTYPES)
@@ -67,6 +73,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.isa and args.isa not in available_isas():
         parser.error(f"--isa {args.isa}: this CPU runs {list(available_isas())}")
     args.layers = [p.strip() for p in args.layers.split(",") if p.strip()]
+    if not args.layers and not args.shapes:
+        parser.error("give --layers (of --set) or --shapes")
     args.weights_format = None
     return args
 
@@ -100,7 +108,8 @@ def pair(case: Case, plans: list[dict], threads: int, args: argparse.Namespace
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    convs = load_set(args.set, args.shapes_dir, None, args.layers)
+    convs = (parse_benchdnn(args.shapes) if args.shapes
+             else load_set(args.set, args.shapes_dir, None, args.layers))
     if not convs:
         print(f"no layer of set {args.set} matches {args.layers}", file=sys.stderr)
         return 1

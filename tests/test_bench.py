@@ -120,3 +120,15 @@ def test_pair_plans_times_each_plan_in_its_own_kernel(capsys, monkeypatch):
         pair_plans.main(["--layers", "res2a_branch2a", "--plan", "{}",
                          "--plan", '{"no_such_choice": 1}'])
 
+
+def test_pair_plans_runs_layers_given_as_benchdnn_descriptors(capsys):
+    """--shapes: layers of no set (EfficientNet-B0's squeeze-and-excitation 1x1 on one
+    pixel, as benchmarks/results/zen4/small_problem_plan_8e5cde8 timed them)."""
+    status = pair_plans.main(["--shapes", "mb8ic96oc4_ih1oh1kh1sh1dh0ph0_iw1ow1kw1sw1dw0pw0",
+                              "--op", "fwd", "--batch", "8", "--threads", "1", "--min-time",
+                              "0.01", "--repeats", "1", "--no-torch", "--plan", "{}",
+                              "--plan", '{"tile_rows": 2}'])
+    assert status == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if "ratio" in line
+             and "GFLOP/s" in line and not line.startswith(("f32", "avx", "portable"))]
+    assert len(lines) == 2 and lines[0][-1] == "1.000"
