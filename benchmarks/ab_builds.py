@@ -1,6 +1,6 @@
 """Two builds of the same kernels, timed in one process on the same arrays.
 
-    python benchmarks/ab_builds.py [--set resnet50|mobilenet_v2|...] [--layers a,b]
+    python -m benchmarks.ab_builds [--set resnet50|mobilenet_v2|...] [--layers a,b]
                                    [--ops fwd,data,weights] [--threads 1]
                                    [--base-python PYTHON] [--base-env NAME=VALUE ...]
                                    [--reps 15] [--seconds 0.15]
@@ -37,11 +37,10 @@ from unittest import mock
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench  # noqa: E402  (the sibling benchmark's shape sets and arrays)
-
-from convgrad import api, bound, kernels  # noqa: E402
-from convgrad.codegen.layers import conv_layers  # noqa: E402
+from benchmarks.cases import aligned
+from benchmarks.shapes import DEFAULT_SHAPES_DIR, OPS, SETS, load_set
+from convgrad import api, bound, kernels
+from convgrad.codegen.layers import conv_layers
 
 BUILD = """
 import json, sys
@@ -54,7 +53,7 @@ print(cache.build(config, json.loads(sys.argv[2]))[0])
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--set", default="resnet50", choices=sorted(bench.SETS))
+    parser.add_argument("--set", default="resnet50", choices=sorted(SETS))
     parser.add_argument("--layers", default="", help="comma-separated parts of layer names")
     parser.add_argument("--ops", default="fwd", help="comma-separated, as bench.py --ops")
     parser.add_argument("--threads", type=int, default=1)
@@ -63,7 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--seconds", type=float, default=0.15)
-    parser.add_argument("--shapes-dir", type=Path, default=bench.DEFAULT_SHAPES_DIR)
+    parser.add_argument("--shapes-dir", type=Path, default=DEFAULT_SHAPES_DIR)
     args = parser.parse_args(argv)
     if any("=" not in item for item in args.base_env):
         parser.error("--base-env takes NAME=VALUE")
@@ -83,7 +82,7 @@ def build_base(kernel: kernels.Kernel, args: argparse.Namespace, folder: str) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = [name for name in args.layers.split(",") if name]
-    convs = bench.load_set(args.set, args.shapes_dir, None, names)
+    convs = load_set(args.set, args.shapes_dir, None, names)
     if not convs:
         print(f"no layer of set {args.set} matches {args.layers!r}")
         return 1
@@ -96,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         base_cache = str(Path(folder) / "theirs")
         for conv in convs:
             for op in args.ops.split(","):
-                (layer,) = conv_layers(conv, (bench.OPS[op],), batch=args.batch)
-                arrays = [bench.aligned(rng.standard_normal(shape, dtype=np.float32))
+                (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch)
+                arrays = [aligned(rng.standard_normal(shape, dtype=np.float32))
                           for shape in layer.inputs[:2]]
                 inputs = [*arrays, *([list(layer.inputs[2])] if len(layer.inputs) > 2
                                      else [])]

@@ -1,6 +1,6 @@
 """An AOT folder's kernels on the caller's thread pool against the same kernels on OpenMP.
 
-    python benchmarks/aot_threading.py [LAYER_FILES...] [--batch 8] [--threads 1,2]
+    python -m benchmarks.aot_threading [LAYER_FILES...] [--batch 8] [--threads 1,2]
                                        [--repeats 15] [--work DIR] [-j 2]
 
 Builds the layers (default: the built-in ResNet-50 list, f32, NXC, as `convgrad aot`

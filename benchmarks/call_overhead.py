@@ -1,6 +1,6 @@
 """What a tiny cached call costs: convgrad's call path against PyTorch's, in one process.
 
-    python benchmarks/call_overhead.py [--channels 8] [--size 4] [--threads 1]
+    python -m benchmarks.call_overhead [--channels 8] [--size 4] [--threads 1]
                                        [--repeats 7] [--calls 2000] [--out DIR]
 
 The problem is a 1x1 convolution of one 8-channel 4x4 image (batch 1): the kernel's own
@@ -102,7 +102,7 @@ def call_path() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python benchmarks/call_overhead.py",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.call_overhead",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--channels", type=int, default=8, help="default 8")
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['ratio']:>8.2f}")
     print("ratio = convgrad us / torch us (below 1: convgrad's call is cheaper)")
     args.out.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/call_overhead.py " + " ".join(
+    command = "python -m benchmarks.call_overhead " + " ".join(
         sys.argv[1:] if argv is None else argv)
     (args.out / "results.json").write_text(json.dumps({
         "command": command,

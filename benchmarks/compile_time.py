@@ -1,6 +1,6 @@
 """Compile time of a layer list's kernels, with and without the precompiled prelude.
 
-    python benchmarks/compile_time.py [LAYER_FILES...] [--data-format NXC|NCX]
+    python -m benchmarks.compile_time [LAYER_FILES...] [--data-format NXC|NCX]
                                       [--isa avx512|avx2|...] [--modes plain,pch,parts,cache]
 
 Renders every kernel of the layers (default: the built-in ResNet-50 list, as

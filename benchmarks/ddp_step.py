@@ -1,8 +1,9 @@
 """Training steps under DistributedDataParallel: torch.nn against convgrad on N ranks.
 
-Used by `train_step.py --ddp N`. Each rank is a process (torch.multiprocessing, gloo on
-loopback) with `threads` threads; both models start from the same weights on every
-rank, each wrapped in DistributedDataParallel, and every rank sees its own batch. The
+Used by `python -m benchmarks.train_step --ddp N`. Each rank is a process
+(torch.multiprocessing, gloo on loopback) with `threads` threads; both models start from
+the same weights on every rank, each wrapped in DistributedDataParallel, and every rank
+sees its own batch. The
 ranks build convgrad's kernels at once (`compile_kernels`, one shared kernel cache),
 then run the two models' steps in turn, in lockstep: blocks of steps of one model, a
 barrier, blocks of the other, the same count on every rank. Rank 0 reports the median
@@ -69,8 +70,8 @@ def _format(name: str) -> torch.memory_format:
 
 
 def _rank(rank: int, setting: Setting, results) -> None:
-    from models import MODELS  # the sibling module, on the path the parent set
-    from train_step import DTYPES, make_step
+    from benchmarks.models import MODELS
+    from benchmarks.train_step import DTYPES, make_step
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(setting.port))
     dist.init_process_group("gloo", rank=rank, world_size=setting.ranks)

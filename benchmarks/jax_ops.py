@@ -1,14 +1,14 @@
 """convgrad.jax against XLA's own convolutions (jax.lax) per layer: the forward
 convolution, its input gradient and its weight gradient, jitted, on the same arrays.
 
-    python benchmarks/jax_ops.py [--set resnet50|mobilenet_v2|resnext50|resnet18_112|
+    python -m benchmarks.jax_ops [--set resnet50|mobilenet_v2|resnext50|resnet18_112|
                                         mobilenet_dw|dilated|1d|3d|resnext101|gconv|all]
                                  [--ops fwd,data,weights] [--dtype f32|bf16]
                                  [--layout nhwc|nchw] [--threads 1,2] [--batch 8]
                                  [--min-time 0.3] [--max-lax-seconds 1] [--limit N]
                                  [--layers a,b] [--pin] [--keep-cache] [--aot] [--out DIR]
 
-The layers are bench.py's benchdnn-derived sets (ResNet-50's bundled list at 224x224,
+The layers are benchmarks.shapes' benchdnn-derived sets (ResNet-50's bundled list at 224x224,
 MobileNetV2's distinct layers at 112x112, ...), plus `resnext50`: ResNeXt-50 (32x4d)'s
 distinct layers at 224x224, written here in benchdnn's syntax (bench.py has the 3-D
 ResNeXt-101 only). Each layer runs at --batch (default 8), in NHWC data with HWIO
@@ -36,7 +36,7 @@ TensorFlow option, not an XLA flag. So each thread count runs in a process of it
 started with PJRT_NPROC=n (--pin also restricts that process to n CPUs, as taskset does).
 
 Timing: after one untimed call of each, the two libraries take turns in blocks of calls
-(bench.timed_pair: the first call of a block is not counted) until each ran --min-time
+(benchmarks.timing.timed_pair: the first call of a block is not counted) until each ran --min-time
 seconds and 3 calls; each call ends with block_until_ready; medians are reported. Where
 lax's first call (its executable compiled before) takes longer than --max-lax-seconds
 (XLA's grouped weight gradients take seconds to a minute), that one call is lax's time,
@@ -69,25 +69,22 @@ from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-if __name__ == "__main__":  # bench.py imports PyTorch when it can; these runs need none
-    sys.modules.setdefault("torch", None)
-
 import numpy as np
 
 import convgrad
+from benchmarks.shapes import DEFAULT_SHAPES_DIR, ROOT, SETS, load_set
+from benchmarks.timing import geomean, int_list, timed_pair
 from convgrad.codegen import generator_version
 from convgrad.codegen.layers import ConvShape, parse_benchdnn
 from convgrad.compiler import compiler_identity
 from convgrad.cpu import cpu_model, selected_isa
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import DEFAULT_SHAPES_DIR, SETS, geomean, int_list, load_set, timed_pair  # noqa: E402
-
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUT = SCRIPT.parent / "results" / "jax_ops"
 OPS = ("fwd", "data", "weights")
 DTYPES = ("f32", "bf16")
-# Largest |convgrad - lax| / max |lax| still reported as the same result (bench.py's).
+# Largest |convgrad - lax| / max |lax| still reported as the same result
+# (benchmarks.cases.TOLERANCE's).
 TOLERANCE = {"f32": 1e-3, "bf16": 5e-2}
 
 # ResNeXt-50 (32x4d, torchvision's: the stride on the grouped 3x3) at 224x224: its
@@ -113,7 +110,7 @@ ALL_SETS = [*SETS, "resnext50"]
 
 
 def load_shapes(name: str, args: argparse.Namespace) -> list[ConvShape] | None:
-    """A set's forward convolutions (bench.load_set's, or ResNeXt-50's), --layers and
+    """A set's forward convolutions (benchmarks.shapes.load_set's, or ResNeXt-50's), --layers and
     --limit applied; None when its shape file is missing."""
     if name != "resnext50":
         return load_set(name, args.shapes_dir, args.limit, args.layers)
@@ -154,17 +151,21 @@ def pin(threads: int) -> list[int]:
     return cpus
 
 
-def run_workers(script: Path, argv: Sequence[str], threads: Sequence[int],
+def run_workers(module: str, argv: Sequence[str], threads: Sequence[int],
                 env: dict[str, str]) -> list[dict] | None:
-    """Runs `script argv --threads n --worker FILE` once per thread count, each in a
-    process with XLA's thread count set; the JSON each wrote, None if one failed."""
+    """Runs `python -m module argv --threads n --worker FILE` once per thread count, each
+    in a process with XLA's thread count set (and the repository's root on PYTHONPATH, so
+    that the benchmarks package imports from any folder); the JSON each wrote, None if
+    one failed."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     results = []
     with tempfile.TemporaryDirectory(prefix="convgrad-jax-bench-") as tmp:
         for count in threads:
             out = Path(tmp) / f"worker_{count}.json"
-            command = [sys.executable, str(script), *argv, "--threads", str(count),
+            command = [sys.executable, "-m", module, *argv, "--threads", str(count),
                        "--worker", str(out)]
-            status = subprocess.run(command, env={**os.environ, **env, **thread_env(count)},
+            status = subprocess.run(command, env={**os.environ, **env, **thread_env(count),
+                                         "PYTHONPATH": path},
                                     check=False).returncode
             if status != 0 or not out.is_file():
                 print(f"the {count}-thread run failed (exit status {status})", file=sys.stderr)
@@ -491,7 +492,7 @@ def geomeans(rows: list[Row]) -> list[dict]:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python benchmarks/jax_ops.py", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.jax_ops", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", default="resnet50",
                         help=f"comma-separated shape sets: {', '.join(ALL_SETS)}, or all "
@@ -557,9 +558,10 @@ def main(argv: list[str] | None = None) -> int:
     if not any(load_shapes(s, args) for s in args.sets if s not in missing):
         print("no layers to run", file=sys.stderr)
         return 1
-    command = "python benchmarks/jax_ops.py " + " ".join(argv)
+    command = "python -m benchmarks.jax_ops " + " ".join(argv)
     with contextlib.ExitStack() as stack:
-        results = run_workers(SCRIPT, argv, args.threads, kernel_environment(args, stack))
+        results = run_workers("benchmarks.jax_ops", argv, args.threads,
+                              kernel_environment(args, stack))
     if results is None:
         return 1
     rows = [Row(**r) for result in results for r in result["rows"]]

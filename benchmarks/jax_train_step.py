@@ -3,7 +3,7 @@ written in plain JAX, with jax.lax.conv_general_dilated against
 convgrad.jax.conv_general_dilated as the model's convolution, in one process per thread
 count.
 
-    python benchmarks/jax_train_step.py [--model resnet18,mobilenet_v2] [--dtype f32[,bf16]]
+    python -m benchmarks.jax_train_step [--model resnet18,mobilenet_v2] [--dtype f32[,bf16]]
                                         [--threads 1,2] [--batch 8] [--size 112]
                                         [--width-mult 1] [--blocks N,N,...]
                                         [--min-time 3] [--pin] [--keep-cache] [--aot]
@@ -31,7 +31,7 @@ convgrad's kernels built by convgrad.jax.compile_kernels (in parallel; from a ne
 cache unless --keep-cache), then its first step the same way; the optimized HLO of
 convgrad's step is checked to hold no XLA convolution (every convolution, forward and
 both gradients, one convgrad custom call). One more untimed step each, then the two take
-turns in blocks of steps (bench.timed_pair) until each ran --min-time seconds and 3
+turns in blocks of steps (benchmarks.timing.timed_pair) until each ran --min-time seconds and 3
 steps, each step ending with block_until_ready; medians are reported, ratio = lax ms /
 convgrad ms (above 1: convgrad's step is faster). As a check, the two first steps'
 losses and global gradient norms must agree to 1e-3 relative (2e-2 in bf16), and the
@@ -55,16 +55,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-if __name__ == "__main__":  # bench.py imports PyTorch when it can; these runs need none
-    sys.modules.setdefault("torch", None)
-
 import numpy as np
 
 import convgrad
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import timed_pair  # noqa: E402  (the sibling benchmarks' helpers)
-from jax_ops import (  # noqa: E402
+from benchmarks.jax_ops import (
     check_thread_env,
     hlo_summary,
     int_list,
@@ -74,6 +68,7 @@ from jax_ops import (  # noqa: E402
     run_workers,
     thread_info,
 )
+from benchmarks.timing import timed_pair
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUT = SCRIPT.parent / "results" / "jax_train_step"
@@ -423,7 +418,7 @@ def _names(choices: Sequence[str]):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python benchmarks/jax_train_step.py",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.jax_train_step",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=_names(MODELS), default=list(MODELS),
@@ -465,11 +460,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker(args)
-    command = "python benchmarks/jax_train_step.py " + " ".join(argv)
+    command = "python -m benchmarks.jax_train_step " + " ".join(argv)
     print(f"JAX training step (loss + gradients), batch {args.batch}, {args.size}x"
           f"{args.size}, NHWC; lax against convgrad.jax", flush=True)
     with contextlib.ExitStack() as stack:
-        results = run_workers(SCRIPT, argv, args.threads, kernel_environment(args, stack))
+        results = run_workers("benchmarks.jax_train_step", argv, args.threads,
+                              kernel_environment(args, stack))
     if results is None:
         return 1
     rows = [Row(**r) for result in results for r in result["rows"]]

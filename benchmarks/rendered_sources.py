@@ -1,10 +1,10 @@
 """Digests of the C that convgrad renders for the benchmark sets: the check that a
 refactoring of the planner or the templates leaves the generated kernels as they were.
 
-    python benchmarks/rendered_sources.py --out before.json   # on the old code
-    python benchmarks/rendered_sources.py --out after.json --compare before.json
+    python -m benchmarks.rendered_sources --out before.json   # on the old code
+    python -m benchmarks.rendered_sources --out after.json --compare before.json
 
-Every forward convolution of every set of benchmarks/bench.py (those whose shape files
+Every forward convolution of every set of benchmarks.shapes (those whose shape files
 are present) gives its four gradient ops' kernels (data, weights, forward,
 transposed weights) in NXC and NCX, f32, bf16 and f16, on the avx512bf16, avx512 and
 avx2 paths (each kernel's own path, as the runtime narrows it), with every plan the
@@ -22,12 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import DEFAULT_SHAPES_DIR, SETS, load_set  # noqa: E402
-
-from convgrad.codegen import render  # noqa: E402
-from convgrad.codegen.layers import conv_layers  # noqa: E402
-from convgrad.codegen.plan import candidates, kernel_name  # noqa: E402
+from benchmarks.shapes import DEFAULT_SHAPES_DIR, SETS, load_set
+from convgrad.codegen import render
+from convgrad.codegen.layers import conv_layers
+from convgrad.codegen.plan import candidates, kernel_name
 
 OPS = ("ConvolutionBackwardData", "ConvolutionBackwardWeights", "ConvTransposeBackwardData",
        "ConvTransposeBackwardWeights")

@@ -1,7 +1,7 @@
 """A full training step (forward + backward) of image and video models: torch.nn against
 the same model converted to convgrad (`convgrad.torch.convert`), in one process.
 
-    python benchmarks/train_step.py [--model resnet18[,resnet50,...]] [--dtype f32,bf16]
+    python -m benchmarks.train_step [--model resnet18[,resnet50,...]] [--dtype f32,bf16]
                                     [--threads 1,2] [--batch N] [--size N] [--frames N]
                                     [--width 64] [--blocks 2,2,2,2]
                                     [--memory-format channels_last|contiguous]
@@ -74,13 +74,12 @@ import torch
 from torch import nn
 
 import convgrad.torch as cgt
+from benchmarks.machine import limit_isa
+from benchmarks.models import MODELS, ResNet, classes, input_shape  # noqa: F401  (ResNet: kept here)
+from benchmarks.timing import timed_pair
 from convgrad import background, kernels
 from convgrad.cpu import available_isas, selected_isa
 from convgrad.torch import warmup
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import limit_isa, timed_pair  # noqa: E402  (the sibling benchmark's helpers)
-from models import MODELS, ResNet, classes, input_shape  # noqa: E402,F401  (ResNet: kept here)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "train_step"
@@ -241,7 +240,7 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
 
 def measure_ddp(name: str, dtype_name: str, threads: int, args: argparse.Namespace) -> Row:
     """The row of `name` under DistributedDataParallel on --ddp ranks (ddp_step.py)."""
-    import ddp_step
+    from benchmarks import ddp_step
 
     shape = input_shape(name, args.batch, args.size, args.frames)
     fmt_name = args.memory_format
@@ -293,7 +292,7 @@ def _list(kind):
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python benchmarks/train_step.py",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.train_step",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=_list(str), default=["resnet18"],
@@ -362,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.isa:  # before torch's first convolution: oneDNN reads it once
         os.environ.update(limit_isa(args.isa))
-    command = "python benchmarks/train_step.py " + " ".join(sys.argv[1:] if argv is None
+    command = "python -m benchmarks.train_step " + " ".join(sys.argv[1:] if argv is None
                                                             else argv)
     print(f"Training step (forward + backward), {args.memory_format}; convgrad ISA path "
           f"{selected_isa()}, torch {torch.__version__}")

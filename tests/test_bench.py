@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from benchmarks import bench, cases, pair_plans
+
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import bench  # noqa: E402
 
 
 @pytest.mark.parametrize("weights_format", [[], ["--weights-format", "OIX"]])
@@ -42,13 +37,13 @@ def test_tuned_plans_are_paired_with_the_rules_apart_from_torch(tmp_path, monkey
     """--tune times each tuned plan against the rules' plan in a pairing of its own (a
     call right after PyTorch's runs slower), and scales the rules' figures by that gain."""
     pairings = []
-    timed_pair = bench.timed_pair
+    timed_pair = cases.timed_pair
 
     def recording(functions, *args, **kwargs):
         pairings.append([getattr(f, "__name__", "") for f in functions])
         return timed_pair(functions, *args, **kwargs)
 
-    monkeypatch.setattr(bench, "timed_pair", recording)
+    monkeypatch.setattr(cases, "timed_pair", recording)
     status = bench.main(["--set", "resnet50", "--limit", "1", "--threads", "1", "--ops",
                          "weights", "--min-time", "0.01", "--batch", "1", "--tune",
                          "--out", str(tmp_path)])
@@ -67,20 +62,20 @@ def test_rounds_report_the_median_of_each_row():
     times and of the rounds' ratios; calls add up, the first round's first call stays."""
     def row(ours_ms, torch_ms, first=None):
         ours, theirs = 2e6 / ours_ms / 1e6, 2e6 / torch_ms / 1e6
-        return bench.Row("s", "layer", "data", 1, 8, "f32", "NXC", flops=2_000_000,
+        return cases.Row("s", "layer", "data", 1, 8, "f32", "NXC", flops=2_000_000,
                          torch_flops=2_000_000, ours_ms=ours_ms, torch_ms=torch_ms,
                          ours_gflops=ours, torch_gflops=theirs, ratio=ours / theirs,
                          ours_calls=3, torch_calls=4, ours_pct_peak=ours, first_call_ms=first)
     # a peak of 100 GFLOP/s per core: a share of peak in % equal to the GFLOP/s
 
     rounds = [[row(1.0, 2.0, first=300.0)], [row(4.0, 2.0)], [row(2.0, 1.0)]]
-    (merged,) = bench.merge_rounds(rounds, 100.0)
+    (merged,) = cases.merge_rounds(rounds, 100.0)
     assert merged.ours_ms == 2.0 and merged.torch_ms == 2.0
     assert merged.ratio == 0.5  # the rounds' ratios 2, 0.5, 0.5 (not 2.0 / 2.0)
     assert merged.ours_gflops == 1.0 and merged.torch_gflops == 1.0
     assert merged.ours_pct_peak == 1.0  # from the median GFLOP/s
     assert (merged.ours_calls, merged.torch_calls, merged.first_call_ms) == (9, 12, 300.0)
-    assert bench.merge_rounds(rounds[:1], 100.0) == rounds[0]
+    assert cases.merge_rounds(rounds[:1], 100.0) == rounds[0]
 
 
 def test_rounds_run_every_case_again(tmp_path, capsys):
@@ -95,11 +90,9 @@ def test_rounds_run_every_case_again(tmp_path, capsys):
 
 
 def test_pair_plans_times_each_plan_in_its_own_kernel(capsys, monkeypatch):
-    """benchmarks/pair_plans.py runs every plan given in a kernel of its own on the
+    """benchmarks.pair_plans runs every plan given in a kernel of its own on the
     benchmark's inputs, between PyTorch's calls, and prints each one's GFLOP/s and its
     ratio to the first plan's per repeat; a plan with an unknown choice is refused."""
-    import pair_plans
-
     from convgrad import kernels
 
     loaded = []
@@ -126,3 +119,16 @@ def test_pair_plans_times_each_plan_in_its_own_kernel(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         pair_plans.main(["--layers", "res2a_branch2a", "--plan", "{}",
                          "--plan", '{"no_such_choice": 1}'])
+
+
+def test_pair_plans_runs_layers_given_as_benchdnn_descriptors(capsys):
+    """--shapes: layers of no set (EfficientNet-B0's squeeze-and-excitation 1x1 on one
+    pixel, as benchmarks/results/zen4/small_problem_plan_8e5cde8 timed them)."""
+    status = pair_plans.main(["--shapes", "mb8ic96oc4_ih1oh1kh1sh1dh0ph0_iw1ow1kw1sw1dw0pw0",
+                              "--op", "fwd", "--batch", "8", "--threads", "1", "--min-time",
+                              "0.01", "--repeats", "1", "--no-torch", "--plan", "{}",
+                              "--plan", '{"tile_rows": 2}'])
+    assert status == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if "ratio" in line
+             and "GFLOP/s" in line and not line.startswith(("f32", "avx", "portable"))]
+    assert len(lines) == 2 and lines[0][-1] == "1.000"

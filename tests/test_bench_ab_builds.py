@@ -2,13 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import ab_builds  # noqa: E402
+from benchmarks import ab_builds
 
 
 def test_two_builds_of_a_layer_are_timed_against_each_other(capsys):

@@ -1,4 +1,4 @@
-"""The JAX benchmarks (benchmarks/jax_ops.py, benchmarks/jax_train_step.py) run end to
+"""The JAX benchmarks (benchmarks.jax_ops, benchmarks.jax_train_step) run end to
 end on tiny settings, in their own processes per thread count, and write their outputs;
 every convgrad row ran convgrad's kernels and agrees with lax."""
 
@@ -10,18 +10,13 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from benchmarks import jax_ops, jax_train_step
+
 jax = pytest.importorskip("jax")
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import jax_ops  # noqa: E402
-import jax_train_step  # noqa: E402
 
 OPS_COLUMNS = {"shape_set", "layer", "op", "threads", "batch", "dtype", "layout", "flops",
                "lax_ms", "convgrad_ms", "ratio", "lax_calls", "convgrad_calls", "lax_capped",
@@ -138,7 +133,7 @@ def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
         assert 0 < int(row["convgrad_kernel_calls"]) <= int(row["convgrad_hlo_calls"])
         assert row["note"] == ""
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["command"].startswith("python benchmarks/jax_train_step.py")
+    assert results["command"].startswith("python -m benchmarks.jax_train_step")
     assert results["threads"][0]["pjrt_nproc"] == "1"
 
 

@@ -1,22 +1,16 @@
 """The training-step benchmark runs end to end on a tiny model and writes its outputs;
-its models (benchmarks/models.py) have torchvision's layouts and train in torch.nn."""
+its models (benchmarks.models) have torchvision's layouts and train in torch.nn."""
 
 from __future__ import annotations
 
 import csv
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import models  # noqa: E402
-import train_step  # noqa: E402
+from benchmarks import models, train_step  # noqa: E402  (they import torch)
 
 
 def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
@@ -48,7 +42,7 @@ def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
     assert "copies torch/ours" in printed
     assert f"{row['torch_copies']}/{row['convgrad_copies']}" in printed
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["command"].startswith("python benchmarks/train_step.py")
+    assert results["command"].startswith("python -m benchmarks.train_step")
     assert results["rows"][0]["threads"] == 1 and results["rows"][0]["model"] == "resnet18"
 
 

@@ -1,0 +1,132 @@
+"""The machine a benchmark runs on: its f32 FMA peak, a description for the results,
+and the environment that puts convgrad and PyTorch on the same ISA path."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from unittest import mock
+
+import cffi
+import numpy as np
+
+from convgrad import kernels
+from convgrad.codegen import generator_version
+from convgrad.codegen.targets import host
+from convgrad.compiler import compile_objects, compiler_identity
+from convgrad.cpu import available_isas, cpu_model, selected_isa
+
+try:
+    import torch
+except ImportError:  # machine_info is only called where PyTorch runs
+    torch = None
+
+_PEAK_SOURCE = r"""
+typedef float vf __attribute__((vector_size(VBYTES)));
+
+/* ACC independent chains of acc = acc * scale + add: with -mfma, one FMA each. */
+double convgrad_bench_fma(long iterations, float scale)
+{
+    const vf zero = {0};
+    const vf mul = zero + scale, add = zero + 1e-3f;
+    vf acc[ACC];
+    for (int i = 0; i < ACC; ++i)
+        acc[i] = zero + 1e-3f * (float)i;
+    for (long n = 0; n < iterations; ++n) {
+#pragma GCC unroll 32
+        for (int i = 0; i < ACC; ++i)
+            acc[i] = acc[i] * mul + add;
+    }
+    float total = 0.0f;
+    for (int i = 0; i < ACC; ++i)
+        for (int j = 0; j < VBYTES / 4; ++j)
+            total += acc[i][j];
+    return total;
+}
+"""
+
+# Vector bytes and accumulators per ISA: enough chains to cover FMA latency x
+# throughput, few enough to stay in registers (32 zmm, 16 ymm/xmm).
+_PEAK_SHAPE = {"avx512bf16": (64, 24), "avx512": (64, 24), "avx2": (32, 12), "portable": (16, 12)}
+
+
+def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:
+    """Single-thread f32 GFLOP/s of independent FMA chains (best of `runs`)."""
+    vbytes, accumulators = _PEAK_SHAPE[isa]
+    with tempfile.TemporaryDirectory(prefix="convgrad-bench-peak-") as tmp:
+        source = Path(tmp) / "peak.c"
+        source.write_text(f"#define VBYTES {vbytes}\n#define ACC {accumulators}\n"
+                          + _PEAK_SOURCE)
+        library = Path(tmp) / "peak.so"
+        compile_objects([source], library, isa)
+        ffi = cffi.FFI()
+        ffi.cdef("double convgrad_bench_fma(long, float);")
+        function = ffi.dlopen(str(library)).convgrad_bench_fma
+    flops_per_iteration = 2 * accumulators * vbytes // 4
+    iterations = 100_000
+    while True:  # calibrate to about `seconds` a run
+        begin = time.perf_counter()
+        function(iterations, 0.999)
+        elapsed = time.perf_counter() - begin
+        if elapsed >= seconds / 4:
+            break
+        iterations *= 4
+    iterations = max(1, int(iterations * seconds / elapsed))
+    best = 0.0
+    for _ in range(runs):
+        begin = time.perf_counter()
+        function(iterations, 0.999)
+        best = max(best, iterations * flops_per_iteration / (time.perf_counter() - begin))
+    return best / 1e9
+
+
+def machine_info(peak: float) -> dict:
+    return {
+        "cpu": cpu_model(),
+        "target": host(),
+        "logical_cpus": os.cpu_count(),
+        "cpu_isas": list(available_isas()),
+        "isa": selected_isa(),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
+        "convgrad_amx": os.environ.get("CONVGRAD_AMX", "default"),
+        "peak_f32_gflops_per_core": round(peak, 2),
+        "torch": torch.__version__,
+        "torch_mkldnn": bool(torch.backends.mkldnn.is_available()),
+        "convgrad_generator": generator_version(),
+        "compiler": compiler_identity().splitlines()[0],
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# oneDNN's and MKL's names of the most each library may use on each convgrad path.
+ONEDNN_ISA = {"avx512bf16": ("AVX512_CORE_BF16", "AVX512_E2"), "avx512": ("AVX512_CORE", "AVX512"),
+              "avx2": ("AVX2", "AVX2"), "portable": ("SSE41", "SSE4_2")}
+
+
+def limit_isa(isa: str) -> dict[str, str]:
+    """The environment that puts convgrad and PyTorch on the same ISA path. oneDNN
+    reads ONEDNN_MAX_CPU_ISA at its first primitive, so this is set before any call.
+    Every path it names is below AMX, so convgrad's kernels leave AMX too (CONVGRAD_AMX)."""
+    onednn, mkl = ONEDNN_ISA[isa]
+    return {"CONVGRAD_ISA": isa, "ONEDNN_MAX_CPU_ISA": onednn, "MKL_ENABLE_INSTRUCTIONS": mkl,
+            "CONVGRAD_AMX": "0"}
+
+
+@contextlib.contextmanager
+def environment(updates: dict[str, str]) -> Iterator[None]:
+    """Sets environment variables and forgets loaded kernels; restores both after."""
+    with mock.patch.dict(os.environ, updates):
+        kernels.reset()
+        try:
+            yield
+        finally:
+            kernels.reset()

@@ -1,0 +1,108 @@
+"""bench.py's outputs: the table, the geometric means per op and thread count, the CSV
+and the plot."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from benchmarks.cases import Row
+from benchmarks.timing import geomean
+
+
+def fmt(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(rows: list[Row]) -> str:
+    tuned = any(r.tuned_gflops for r in rows)
+    header = ["layer", "op", "threads", "ours GFLOP/s", "torch GFLOP/s", "ratio",
+              "ours % peak", "first call ms"]
+    header += ["tuned GFLOP/s", "tuned ratio", "tuned gain", "tuned plan"] if tuned else []
+    lines = [[r.layer, r.op, str(r.threads), fmt(r.ours_gflops, 2), fmt(r.torch_gflops, 2),
+              fmt(r.ratio, 3), fmt(r.ours_pct_peak, 1), fmt(r.first_call_ms, 0)]
+             + ([fmt(r.tuned_gflops, 2), fmt(r.tuned_ratio, 3), fmt(r.tuned_gain, 3),
+                 r.tuned_plan] if tuned else [])
+             for r in rows]
+    header.append("note")
+    for line, r in zip(lines, rows, strict=True):
+        line.append(r.note)
+    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
+    text = ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
+            for line in [header, *lines]]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
+
+
+
+
+def geomeans(rows: list[Row]) -> list[dict]:
+    """Geometric means per (op, threads): of the ratios to PyTorch, and with --tune of
+    the tuned plans' ratios to PyTorch and their gains over the rules' plans."""
+    groups: dict[tuple[str, int], list[Row]] = {}
+    for row in rows:
+        if row.ratio or row.tuned_gain:
+            groups.setdefault((row.op, row.threads), []).append(row)
+    means = []
+    for (op, threads), group in sorted(groups.items()):
+        ratios = [r.ratio for r in group if r.ratio]
+        mean = {"op": op, "threads": threads, "layers": len(ratios),
+                "geomean_ratio": geomean(ratios)}
+        if any(r.tuned_gain for r in group):
+            mean["tuned_geomean_ratio"] = geomean([r.tuned_ratio for r in group
+                                                    if r.tuned_ratio])
+            mean["tuned_geomean_gain"] = geomean([r.tuned_gain for r in group
+                                                   if r.tuned_gain])
+        means.append(mean)
+    return means
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[field.name for field in fields(Row)])
+        writer.writeheader()
+        writer.writerows(asdict(row) for row in rows)
+
+
+def plot(rows: list[Row], means: list[dict], path: Path, title: str) -> bool:
+    """Ratio per layer, one bar per (op, threads), log scale, a line at 1.0.
+    False when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    layers = list(dict.fromkeys((r.shape_set, r.layer) for r in rows))
+    series = list(dict.fromkeys((r.op, r.threads) for r in rows))
+    mean_of = {(m["op"], m["threads"]): m["geomean_ratio"] for m in means}
+    width = 0.8 / max(1, len(series))
+    figure, axes = plt.subplots(figsize=(max(8.0, 0.5 * len(layers) * max(1, len(series))
+                                             ** 0.5 + 2), 5.5))
+    for s, (op, threads) in enumerate(series):
+        ratio = {(r.shape_set, r.layer): r.ratio for r in rows
+                 if (r.op, r.threads) == (op, threads) and r.ratio}
+        xs = [i + (s - (len(series) - 1) / 2) * width
+              for i, key in enumerate(layers) if key in ratio]
+        ys = [ratio[key] for key in layers if key in ratio]
+        mean = mean_of.get((op, threads))
+        label = f"{op}, {threads} thread{'s' if threads > 1 else ''}" + (
+            f" (geomean {mean:.3g})" if mean else "")
+        axes.bar(xs, ys, width=width, label=label)
+    axes.axhline(1.0, color="black", linewidth=1)
+    axes.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    axes.yaxis.set_major_formatter(plain)
+    axes.yaxis.set_minor_formatter(plain)
+    axes.set_xticks(range(len(layers)))
+    axes.set_xticklabels([name for _, name in layers], rotation=60, ha="right", fontsize=8)
+    axes.set_ylabel("convgrad GFLOP/s / PyTorch GFLOP/s")
+    axes.set_title(title, fontsize=10)
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
