@@ -86,15 +86,22 @@ def test_caller_folder_runs_on_the_programs_own_pool_exactly(tmp_path):
             for workers in (1, 2, 3)]
     assert runs[0] == runs[1] == runs[2]
 
+def test_only_the_openmp_spelling_names_openmp():
+    """Every parallel region is written as parts (parallel.h.j2); only the openmp mode's
+    spelling of them and the prelude's include name OpenMP."""
+    named = [path.name for path in sorted((ROOT / "templates").glob("*.j2"))
+             if any(word in path.read_text() for word in ("#pragma omp", "omp_", "_OPENMP"))]
+    assert named == ["parallel_openmp.h.j2", "prelude.h.j2"]
+
+
 def test_sequential_source_refuses_openmp_and_openmp_source_is_unchanged(tmp_path):
-    """The sequential prelude stands in for omp.h; compiled with -fopenmp by mistake it
-    stops the build instead of racing. The openmp source is the runtime's."""
+    """The sequential source names no OpenMP function; compiled with -fopenmp by mistake
+    it stops the build instead of racing. The openmp source is the runtime's."""
     config = KernelConfig(family="bwd_data", kernel=(3, 3), strides=(1, 1), dilations=(1, 1),
                           groups=1, cin_per_group=16, cout_per_group=32, data_format="NXC",
                           weights_format="XIO", dtype="f32", isa="portable")
     sequential = render(config, threading="sequential")
-    assert "omp_get_thread_num(void) { return 0; }" in sequential
-    assert "#include <omp.h>" not in sequential
+    assert "omp_" not in sequential and "#pragma omp" not in sequential
     assert render(config, threading="openmp") == render(config)
     source = tmp_path / "kernel.c"
     source.write_text(sequential)
