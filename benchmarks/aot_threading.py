@@ -5,9 +5,10 @@
 
 Builds the layers (default: the built-in ResNet-50 list, f32, NXC, as `convgrad aot`
 reads it) twice, `--threading openmp` and `--threading caller` (kept in --work and
-reused while their manifests match), loads both libraries into this one process, and
-times every layer in both at each thread count: the OpenMP kernels with
-dims.num_threads = T, the caller ones on examples/caller_pool's ThreadPool of T workers.
+reused while their manifests name this mode and generator version), loads both
+libraries into this one process, and times every layer in both at each thread count:
+the OpenMP kernels with dims.num_threads = T, the caller ones on examples/caller_pool's
+ThreadPool of T workers.
 Calls go in blocks of `--repeats` back to back, the two modes' blocks alternating (the
 first mode alternating too), with a pause between blocks so that neither runtime's
 spinning threads steal the other's cores. Prints per layer the median call of each
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,7 +30,9 @@ import numpy as np
 from cffi import FFI
 
 from convgrad.aot import read_layers
+from convgrad.codegen import generator_version
 from convgrad.codegen.render import render_dims_declaration
+from convgrad.cpu import cpu_model
 
 ROOT = Path(__file__).resolve().parent.parent
 POOL = ROOT / "examples" / "caller_pool"
@@ -51,7 +53,9 @@ def build(mode: str, layer_args: list[str], folder: Path, jobs: int) -> dict:
     manifest = folder / "manifest.json"
     command = [sys.executable, "-m", "convgrad", "aot", *layer_args, "-o", str(folder),
                "--threading", mode, "-j", str(jobs)]
-    if not manifest.exists() or json.loads(manifest.read_text()).get("threading") != mode:
+    recorded = json.loads(manifest.read_text()) if manifest.exists() else {}
+    if (recorded.get("threading"), recorded.get("generator_version")) != (
+            mode, generator_version()):
         print("$", " ".join(command[1:]), flush=True)
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     return json.loads(manifest.read_text())
@@ -63,13 +67,6 @@ def pool_library(folder: Path) -> Path:
     subprocess.run(["c++", "-O2", "-std=c++17", "-shared", "-fPIC", "-pthread", "-I",
                     str(folder), "-I", str(POOL), str(source), "-o", str(library)], check=True)
     return library
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     thread_counts = [int(t) for t in args.threads.split(",")]
     ratios: dict[int, list[float]] = {t: [] for t in thread_counts}
-    print(f"CPU {cpu_name()}; batch {args.batch}; "
+    print(f"CPU {cpu_model()}; batch {args.batch}; "
           f"medians of {args.blocks} blocks x {args.repeats} calls per mode", flush=True)
     print(f"{'layer':<34} {'op':<27} {'T':>2} {'openmp ms':>10} {'caller ms':>10} "
           f"{'caller/openmp':>13}")

@@ -31,7 +31,6 @@ import contextlib
 import math
 import os
 import shlex
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -176,7 +175,6 @@ def parse(environment: Mapping[str, str | None]) -> Settings:
 
 
 _override: Settings | None = None
-_lock = threading.Lock()
 _parsed: tuple[tuple[str | None, ...], Settings] | None = None
 
 
@@ -190,8 +188,7 @@ def current() -> Settings:
     parsed = _parsed
     if parsed is None or parsed[0] != values:
         parsed = (values, parse(dict(zip(NAMES, values, strict=True))))
-        with _lock:
-            _parsed = parsed
+        _parsed = parsed  # one assignment: threads see the old pair or the new one
     return parsed[1]
 
 
