@@ -5,8 +5,9 @@ under `qemu-aarch64 -cpu max,sve256=on`) and the portable path on riscv64. Also 
 example, built ahead of time for aarch64. This checks correctness only: emulation says
 nothing about speed.
 
-CI installs gcc-aarch64-linux-gnu, gcc-riscv64-linux-gnu and qemu-user, so these tests
-never skip there. A modest sample runs by default, more with CONVGRAD_SLOW_TESTS=1.
+CI installs gcc-aarch64-linux-gnu, g++-aarch64-linux-gnu, gcc-riscv64-linux-gnu and
+qemu-user, so these tests never skip there. A modest sample runs by default, more with
+CONVGRAD_SLOW_TESTS=1.
 """
 
 from __future__ import annotations
@@ -304,3 +305,39 @@ def test_sequential_cross_folder_needs_no_openmp_and_is_exact(name, machine, tmp
         folder, kernels)), str(archive), "-lm", "-o", str(program)], check=True,
         capture_output=True)
     aot_driver.run(program, found, kernels, tmp_path, tuple(tools["qemu"]))
+
+
+def test_caller_aarch64_folder_runs_on_a_cpp_pool_exactly_under_emulation(tmp_path):
+    """`convgrad aot --threading caller` for a Neoverse N1: no OpenMP runtime, and the C++
+    driver on examples/caller_pool's std::thread pool (1 and 3 workers) is exact under
+    qemu, every kernel handing its parts to the pool."""
+    tools = _tools("neoverse_n1")
+    cxx = tools["cc"].replace("-gcc", "-g++")
+    if shutil.which(cxx) is None:
+        pytest.skip(f"needs {cxx} (apt-get install g++-aarch64-linux-gnu)")
+    env = {**os.environ, "CONVGRAD_CACHE_DIR": str(tmp_path / "cache"), "CONVGRAD_AOT_PATH": ""}
+    layers = aot_driver.write_layers(tmp_path, aot_driver.POOL_LAYERS)
+    folder = tmp_path / "aot"
+    build = subprocess.run(["convgrad", "aot", str(layers), "-o", str(folder), "-j", "2",
+                            "--target", "neoverse_n1", "--cc", tools["cc"],
+                            "--threading", "caller"], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert build.returncode == 0, build.stderr[-3000:]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["threading"] == "caller" and manifest["machine"] == "aarch64"
+    library, archive = folder / "libconvgrad_kernels.so", folder / "libconvgrad_kernels.a"
+    needs = aot_driver.dynamic_needs(library)
+    assert needs <= {"libc.so.6", "libm.so.6", "ld-linux-aarch64.so.1"}, needs
+    nm = shutil.which(tools["cc"].replace("-gcc", "-nm")) or "nm"
+    assert not aot_driver.openmp_symbols(library, nm)
+    assert not aot_driver.openmp_symbols(archive, nm)
+    found = aot_driver.cases(layers, manifest)
+    kernels = sorted({case.kernel for case in found})
+    program = folder / "driver"
+    driver = aot_driver.write_pool_driver(folder, kernels)
+    subprocess.run([cxx, "-O1", "-std=c++17", "-I", str(folder), "-I",
+                    str(aot_driver.POOL_INCLUDE), str(driver), str(archive), "-pthread", "-lm",
+                    "-o", str(program)], check=True, capture_output=True)
+    for workers in (1, 3):
+        aot_driver.run(program, aot_driver.with_threads(found, workers), kernels, tmp_path,
+                       tuple(tools["qemu"]))
