@@ -5,7 +5,8 @@
                                [--ops data,weights,fwd,tweights] [--threads 1,2] [--batch 8]
                                [--dtype f32|bf16|f16] [--data-format NXC|NCX]
                                [--weights-format OIX|XIO|OXI]
-                               [--min-time 0.3] [--limit N] [--keep-cache] [--out DIR]
+                               [--min-time 0.3] [--limit N] [--keep-cache] [--alone]
+                               [--out DIR]
 
 Every benchdnn forward convolution of the chosen set becomes the layers of
 ConvolutionBackwardData ("data"), ConvolutionBackwardWeights ("weights"),
@@ -18,8 +19,12 @@ for "fwd"; transposed=True for "tweights") with the same dtype, memory layout an
 thread count. Each timing is the median of at least 3 calls
 and at least --min-time seconds, the two libraries' calls interleaved. GFLOP/s
 count 2 x N x OC x IC/g x output pixels x kernel taps. The machine's f32 FMA peak
-per core is measured by a small generated C loop, and every row gives convgrad's
-share of it (GFLOP/s / (peak x threads)).
+per core is measured by a small generated C loop right before and after each row's
+timing (the clock wanders: the higher of the two counts), and every row gives the
+median's and the fastest call's share of it (GFLOP/s / (peak x threads)) and the
+minor page faults a call takes. --alone times convgrad by itself, its process pinned
+to as many CPUs as threads (PyTorch only checks each result once, before): the
+kernels' own speed, apart from what another library's calls leave behind.
 
 Outputs: a table and the geometric mean of the ratios (convgrad GFLOP/s / PyTorch
 GFLOP/s, above 1 means convgrad is faster) per op and thread count on stdout, and
@@ -47,7 +52,7 @@ import numpy as np
 
 import convgrad
 from benchmarks.cases import Row, merge_rounds, prepare, run_case
-from benchmarks.machine import ONEDNN_ISA, environment, limit_isa, machine_info, measure_peak
+from benchmarks.machine import ONEDNN_ISA, Peak, environment, limit_isa, machine_info
 from benchmarks.overheads import measure_cached_load, measure_call_overhead
 from benchmarks.reports import fmt, geomeans, plot, table, write_csv
 from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_set
@@ -105,6 +110,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "timed at this size and thread count first), paired with the "
                              "rules' plan apart from PyTorch; its ratio to PyTorch is the "
                              "rules' ratio times that gain")
+    parser.add_argument("--alone", action="store_true",
+                        help="time convgrad alone, pinned to as many CPUs as threads "
+                             "(thread counts in rising order); PyTorch checks once")
     parser.add_argument("--no-torch", action="store_true",
                         help="time convgrad only (PyTorch's CPU f16 weight gradient runs at "
                              "~0.2 GFLOP/s: a full f16 set with it takes hours)")
@@ -117,6 +125,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not ops or any(o not in OPS for o in ops):
         parser.error(f"--ops {args.ops!r}: expected a comma-separated subset of {list(OPS)}")
     args.ops = list(dict.fromkeys(ops))
+    if args.alone:
+        args.threads = sorted(set(args.threads))
     args.layers = [p.strip() for p in (args.layers or "").split(",") if p.strip()]
     if args.batch < 1 or (args.limit is not None and args.limit < 1) or args.min_time < 0:
         parser.error("--batch and --limit must be positive, --min-time not negative")
@@ -155,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(torch.set_num_threads, saved_torch_threads)
 
         isa = selected_isa()
-        peak = measure_peak(isa)
-        machine = machine_info(peak)
+        peak = Peak(isa)
+        first_peak = peak.measure()
+        machine = machine_info(first_peak)
         print(f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; convgrad "
               f"{machine['convgrad_generator']} ({machine['isa']}), torch {machine['torch']}")
-        print(f"f32 FMA peak ({isa}, 1 thread): {peak:.1f} GFLOP/s per core; PyTorch's "
+        print(f"f32 FMA peak ({isa}, 1 thread): {first_peak:.1f} GFLOP/s per core; PyTorch's "
               f"oneDNN limited to {machine['onednn_max_cpu_isa']}")
         overhead, tiny_config = measure_call_overhead(args)
         overhead.update(measure_cached_load(tiny_config))
@@ -170,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(shapes)} shapes x ops {','.join(args.ops)} x threads "
               f"{','.join(map(str, args.threads))}; batch {args.batch}, {args.dtype}, "
               f"{args.data_format}, weights {args.weights_format or 'XIO'}; ratio = convgrad "
-              f"GFLOP/s / PyTorch GFLOP/s\n", flush=True)
+              f"GFLOP/s / PyTorch GFLOP/s"
+              f"{'; convgrad alone, pinned' if args.alone else ''}\n", flush=True)
 
         rng = np.random.default_rng(0)
         rounds: list[list[Row]] = []
@@ -182,18 +194,24 @@ def main(argv: list[str] | None = None) -> int:
                 for row in rounds[-1][-len(args.threads):]:
                     print(f"  {f'round {number + 1}: ' if args.rounds > 1 else ''}"
                           f"{row.layer} {row.op} x{row.threads}: ours "
-                          f"{fmt(row.ours_gflops, 2)}, torch {fmt(row.torch_gflops, 2)} "
-                          f"GFLOP/s", file=sys.stderr, flush=True)
-        rows = merge_rounds(rounds, peak)
+                          f"{fmt(row.ours_gflops, 2)} (fastest {fmt(row.ours_best_gflops, 2)}), "
+                          f"torch {fmt(row.torch_gflops, 2)} GFLOP/s; peak "
+                          f"{fmt(row.peak_gflops, 1)}", file=sys.stderr, flush=True)
+        rows = merge_rounds(rounds)
+        peaks = [r.peak_gflops for r in rows if r.peak_gflops]
 
     means = geomeans(rows)
     print(table(rows))
+    if peaks:
+        print(f"\nFMA peak next to the rows: {min(peaks):.1f}-{max(peaks):.1f} GFLOP/s per "
+              "core")
     print("\ngeometric mean of ratios (convgrad / PyTorch):")
     for m in means:
         tuned = (f"; tuned {fmt(m['tuned_geomean_ratio'], 3)}, tuned / untuned "
                  f"{m['tuned_geomean_gain']:.3f}" if "tuned_geomean_gain" in m else "")
         print(f"  {m['op']:8} {m['threads']} thread(s): {fmt(m['geomean_ratio'], 3)} "
-              f"over {m['layers']} layers{tuned}")
+              f"over {m['layers']} layers{tuned}; convgrad's share of the peak (geomean) "
+              f"median {fmt(m['pct_peak'], 1)} %, fastest {fmt(m['best_pct_peak'], 1)} %")
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "results.csv")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import resource
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -13,6 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 import convgrad
+from benchmarks.machine import Peak, pinned
 from benchmarks.shapes import OPS, torch_dst
 from benchmarks.tensors import (
     data_from_torch,
@@ -23,7 +25,7 @@ from benchmarks.tensors import (
     weights_from_torch,
     weights_to_torch,
 )
-from benchmarks.timing import timed_pair
+from benchmarks.timing import timed_calls, timed_pair
 from convgrad import api, kernels, tuning
 from convgrad.codegen.layers import ConvShape, Layer, conv_layers
 from convgrad.codegen.plan import vendor_plan
@@ -52,8 +54,18 @@ class Row:
     torch_gflops: float | None = None
     torch_calls: int = 0
     ratio: float | None = None  # ours GFLOP/s / torch GFLOP/s
-    ours_pct_peak: float | None = None
+    ours_pct_peak: float | None = None  # the median's share of peak_gflops x threads
     torch_pct_peak: float | None = None
+    # the fastest call, and its share of the peak
+    ours_best_ms: float | None = None
+    ours_best_gflops: float | None = None
+    ours_best_pct_peak: float | None = None
+    torch_best_gflops: float | None = None
+    torch_best_pct_peak: float | None = None
+    peak_gflops: float | None = None  # FMA peak per core, measured right before and after
+    ours_faults_per_call: float | None = None  # minor page faults (fresh memory touched)
+    torch_faults_per_call: float | None = None
+    alone: bool = False  # convgrad timed alone in the process, pinned to `threads` CPUs
     first_call_ms: float | None = None  # render + compile (or cache load) + one run
     kernel_origin: str = ""
     ours_inputs: str = ""  # convgrad's input shapes, in its layouts
@@ -193,10 +205,27 @@ def compare(case: Case, ours: np.ndarray, theirs: torch.Tensor, data_format: str
     return float(np.max(np.abs(actual - expected))) / scale
 
 
+def counting_faults(function: Callable[[], object], counts: list[int]) -> Callable[[], object]:
+    """`function`, adding its minor page faults and calls to counts[0] and counts[1]."""
+    def call() -> object:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        result = function()
+        counts[0] += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        counts[1] += 1
+        return result
+
+    call.__name__ = getattr(function, "__name__", "call")
+    return call
+
+
 def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
-             peak: float) -> list[Row]:
-    """Times one case at every thread count (the first convgrad call separately)."""
+             peak: Peak) -> list[Row]:
+    """Times one case at every thread count (the first convgrad call separately), each
+    between two short measurements of the FMA peak. With args.alone, convgrad runs
+    alone (PyTorch only checks the result once, before) and pinned to as many CPUs as
+    threads."""
     template = case.template
+    template.alone = bool(getattr(args, "alone", False))
     begin = time.perf_counter()
     result = case.ours(threads[0])
     template.first_call_ms = (time.perf_counter() - begin) * 1e3
@@ -214,24 +243,37 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
                 template.max_rel_err = compare(case, result, theirs, args.data_format)
                 if template.max_rel_err > TOLERANCE[args.dtype]:
                     template.note = f"MISMATCH vs torch (rel err {template.max_rel_err:.2g})"
+    timed_torch = None if template.alone else case.torch_call
     rows = []
     for count in threads:
         row = replace(template, threads=count)
         convgrad.set_num_threads(count)
         torch.set_num_threads(count)
-        calls: list[Callable[[], object]] = [lambda count=count: case.ours(count)]
-        if case.torch_call is not None:
-            calls.append(case.torch_call)
-        for call in calls:  # warm up at this thread count
-            call()
-        timings = timed_pair(calls, args.min_time)
-        row.ours_ms, row.ours_calls = timings[0][0] * 1e3, timings[0][1]
-        row.ours_gflops = row.flops / timings[0][0] / 1e9
-        row.ours_pct_peak = 100 * row.ours_gflops / (peak * count)
-        if case.torch_call is not None:
-            row.torch_ms, row.torch_calls = timings[1][0] * 1e3, timings[1][1]
-            row.torch_gflops = row.torch_flops / timings[1][0] / 1e9
-            row.torch_pct_peak = 100 * row.torch_gflops / (peak * count)
+        faults = [[0, 0], [0, 0]]
+        functions = [lambda count=count: case.ours(count), timed_torch]
+        calls = [counting_faults(f, counted) for f, counted in zip(functions, faults,
+                                                                    strict=True) if f]
+        with pinned(count if template.alone else None):
+            for function in functions:  # warm up at this thread count
+                if function:
+                    function()
+            before = peak.measure(0.01, 3)
+            times = timed_calls(calls, args.min_time)
+            row.peak_gflops = max(before, peak.measure(0.01, 3))
+        capacity = row.peak_gflops * count
+        for name, seconds, (faulted, called) in zip(("ours", "torch"), times, faults,
+                                                    strict=False):
+            flops = row.flops if name == "ours" else row.torch_flops
+            median, best = statistics.median(seconds), min(seconds)
+            setattr(row, f"{name}_ms", median * 1e3)
+            setattr(row, f"{name}_calls", len(seconds))
+            setattr(row, f"{name}_gflops", flops / median / 1e9)
+            setattr(row, f"{name}_best_gflops", flops / best / 1e9)
+            setattr(row, f"{name}_pct_peak", 100 * flops / median / 1e9 / capacity)
+            setattr(row, f"{name}_best_pct_peak", 100 * flops / best / 1e9 / capacity)
+            setattr(row, f"{name}_faults_per_call", faulted / max(1, called))
+        row.ours_best_ms = min(times[0]) * 1e3
+        if row.torch_gflops:
             row.ratio = row.ours_gflops / row.torch_gflops
         if args.tune:
             # The tuned plan against the rules' in a pairing of their own: a call right
@@ -250,12 +292,12 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
     return rows
 
 
-def merge_rounds(rounds: list[list[Row]], peak: float) -> list[Row]:
+def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
     """One row per (layer, op, threads) from rounds of the same rows: the median time of
-    each library over the rounds (its share of `peak`, GFLOP/s per core, from that), and
-    the median of the rounds' ratios (a slow spell of the machine within one round moves
-    one ratio, not the median); the first round's first call and checks, the calls of all
-    rounds."""
+    each library over the rounds (its share of the rounds' median peak, GFLOP/s per
+    core, from that), the fastest call of all rounds, and the median of the rounds'
+    ratios (a slow spell of the machine within one round moves one ratio, not the
+    median); the first round's first call and checks, the calls of all rounds."""
     if len(rounds) == 1:
         return rounds[0]
 
@@ -266,15 +308,26 @@ def merge_rounds(rounds: list[list[Row]], peak: float) -> list[Row]:
     merged = []
     for same in zip(*rounds, strict=True):
         row = replace(same[0])
+        row.peak_gflops = median([r.peak_gflops for r in same])
+        capacity = (row.peak_gflops or math.nan) * row.threads
         for name in ("ours", "torch"):
             ms = median([getattr(r, f"{name}_ms") for r in same])
             setattr(row, f"{name}_calls", sum(getattr(r, f"{name}_calls") for r in same))
             setattr(row, f"{name}_ms", ms)
+            flops = row.flops if name == "ours" else row.torch_flops
             if ms is not None:
-                flops = row.flops if name == "ours" else row.torch_flops
                 gflops = flops / ms / 1e6
                 setattr(row, f"{name}_gflops", gflops)
-                setattr(row, f"{name}_pct_peak", 100 * gflops / (peak * row.threads))
+                setattr(row, f"{name}_pct_peak", 100 * gflops / capacity)
+            best = max((g for r in same if (g := getattr(r, f"{name}_best_gflops"))),
+                       default=None)
+            setattr(row, f"{name}_best_gflops", best)
+            if best is not None:
+                setattr(row, f"{name}_best_pct_peak", 100 * best / capacity)
+            setattr(row, f"{name}_faults_per_call",
+                    median([getattr(r, f"{name}_faults_per_call") for r in same]))
+        if row.ours_best_gflops:
+            row.ours_best_ms = row.flops / row.ours_best_gflops / 1e6
         row.ratio = median([r.ratio for r in same])
         row.tuned_gain = median([r.tuned_gain for r in same])
         if row.tuned_gain is not None:

@@ -56,34 +56,68 @@ double convgrad_bench_fma(long iterations, float scale)
 _PEAK_SHAPE = {"avx512bf16": (64, 24), "avx512": (64, 24), "avx2": (32, 12), "portable": (16, 12)}
 
 
+class Peak:
+    """The single-thread f32 FMA peak of one ISA path, measured again whenever asked:
+    the clock wanders (turbo, other tenants), so every row of bench.py gives its share
+    of a peak measured next to it in the same process."""
+
+    def __init__(self, isa: str) -> None:
+        self.isa = isa
+        vbytes, accumulators = _PEAK_SHAPE[isa]
+        with tempfile.TemporaryDirectory(prefix="convgrad-bench-peak-") as tmp:
+            source = Path(tmp) / "peak.c"
+            source.write_text(f"#define VBYTES {vbytes}\n#define ACC {accumulators}\n"
+                              + _PEAK_SOURCE)
+            library = Path(tmp) / "peak.so"
+            compile_objects([source], library, isa)
+            self._ffi = cffi.FFI()
+            self._ffi.cdef("double convgrad_bench_fma(long, float);")
+            self._function = self._ffi.dlopen(str(library)).convgrad_bench_fma
+        self._flops_per_iteration = 2 * accumulators * vbytes // 4
+        self._iterations_per_second: float | None = None
+
+    def measure(self, seconds: float = 0.05, runs: int = 7) -> float:
+        """GFLOP/s of one thread's independent FMA chains: the best of `runs` runs of
+        about `seconds` each."""
+        if self._iterations_per_second is None:  # calibrate once
+            iterations = 100_000
+            while True:
+                begin = time.perf_counter()
+                self._function(iterations, 0.999)
+                elapsed = time.perf_counter() - begin
+                if elapsed >= 0.01:
+                    break
+                iterations *= 4
+            self._iterations_per_second = iterations / elapsed
+        iterations = max(1, int(self._iterations_per_second * seconds))
+        best = 0.0
+        for _ in range(runs):
+            begin = time.perf_counter()
+            self._function(iterations, 0.999)
+            best = max(best, iterations * self._flops_per_iteration
+                       / (time.perf_counter() - begin))
+        return best / 1e9
+
+
 def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:
     """Single-thread f32 GFLOP/s of independent FMA chains (best of `runs`)."""
-    vbytes, accumulators = _PEAK_SHAPE[isa]
-    with tempfile.TemporaryDirectory(prefix="convgrad-bench-peak-") as tmp:
-        source = Path(tmp) / "peak.c"
-        source.write_text(f"#define VBYTES {vbytes}\n#define ACC {accumulators}\n"
-                          + _PEAK_SOURCE)
-        library = Path(tmp) / "peak.so"
-        compile_objects([source], library, isa)
-        ffi = cffi.FFI()
-        ffi.cdef("double convgrad_bench_fma(long, float);")
-        function = ffi.dlopen(str(library)).convgrad_bench_fma
-    flops_per_iteration = 2 * accumulators * vbytes // 4
-    iterations = 100_000
-    while True:  # calibrate to about `seconds` a run
-        begin = time.perf_counter()
-        function(iterations, 0.999)
-        elapsed = time.perf_counter() - begin
-        if elapsed >= seconds / 4:
-            break
-        iterations *= 4
-    iterations = max(1, int(iterations * seconds / elapsed))
-    best = 0.0
-    for _ in range(runs):
-        begin = time.perf_counter()
-        function(iterations, 0.999)
-        best = max(best, iterations * flops_per_iteration / (time.perf_counter() - begin))
-    return best / 1e9
+    return Peak(isa).measure(seconds, runs)
+
+
+@contextlib.contextmanager
+def pinned(threads: int | None) -> Iterator[list[int]]:
+    """Restricts this process to the first `threads` CPUs it may run on (as taskset
+    does; None: no change) and gives the set back after."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if threads is None:
+        yield allowed
+        return
+    cpus = allowed[:threads]
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield cpus
+    finally:
+        os.sched_setaffinity(0, allowed)
 
 
 def machine_info(peak: float) -> dict:

@@ -18,10 +18,13 @@ def fmt(value: float | None, digits: int) -> str:
 def table(rows: list[Row]) -> str:
     tuned = any(r.tuned_gflops for r in rows)
     header = ["layer", "op", "threads", "ours GFLOP/s", "torch GFLOP/s", "ratio",
-              "ours % peak", "first call ms"]
+              "ours % peak", "fastest % peak", "torch % peak", "faults/call",
+              "first call ms"]
     header += ["tuned GFLOP/s", "tuned ratio", "tuned gain", "tuned plan"] if tuned else []
     lines = [[r.layer, r.op, str(r.threads), fmt(r.ours_gflops, 2), fmt(r.torch_gflops, 2),
-              fmt(r.ratio, 3), fmt(r.ours_pct_peak, 1), fmt(r.first_call_ms, 0)]
+              fmt(r.ratio, 3), fmt(r.ours_pct_peak, 1), fmt(r.ours_best_pct_peak, 1),
+              fmt(r.torch_pct_peak, 1), fmt(r.ours_faults_per_call, 0),
+              fmt(r.first_call_ms, 0)]
              + ([fmt(r.tuned_gflops, 2), fmt(r.tuned_ratio, 3), fmt(r.tuned_gain, 3),
                  r.tuned_plan] if tuned else [])
              for r in rows]
@@ -38,17 +41,21 @@ def table(rows: list[Row]) -> str:
 
 
 def geomeans(rows: list[Row]) -> list[dict]:
-    """Geometric means per (op, threads): of the ratios to PyTorch, and with --tune of
-    the tuned plans' ratios to PyTorch and their gains over the rules' plans."""
+    """Geometric means per (op, threads): of the ratios to PyTorch, of convgrad's shares
+    of the peak (median and fastest call), and with --tune of the tuned plans' ratios to
+    PyTorch and their gains over the rules' plans."""
     groups: dict[tuple[str, int], list[Row]] = {}
     for row in rows:
-        if row.ratio or row.tuned_gain:
+        if row.ours_gflops or row.tuned_gain:
             groups.setdefault((row.op, row.threads), []).append(row)
     means = []
     for (op, threads), group in sorted(groups.items()):
         ratios = [r.ratio for r in group if r.ratio]
         mean = {"op": op, "threads": threads, "layers": len(ratios),
-                "geomean_ratio": geomean(ratios)}
+                "geomean_ratio": geomean(ratios),
+                "pct_peak": geomean([r.ours_pct_peak for r in group if r.ours_pct_peak]),
+                "best_pct_peak": geomean([r.ours_best_pct_peak for r in group
+                                          if r.ours_best_pct_peak])}
         if any(r.tuned_gain for r in group):
             mean["tuned_geomean_ratio"] = geomean([r.tuned_ratio for r in group
                                                     if r.tuned_ratio])

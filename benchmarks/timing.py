@@ -10,21 +10,21 @@ import time
 from collections.abc import Callable, Sequence
 
 
-def timed_pair(functions: Sequence[Callable[[], object]], min_time: float,
-               min_repeats: int = 3, block_time: float = 0.05) -> list[tuple[float, int]]:
-    """(median seconds, calls) of each function, until each ran `min_repeats` timed
-    calls and `min_time` seconds in total.
+def timed_calls(functions: Sequence[Callable[[], object]], min_time: float,
+                min_repeats: int = 3, block_time: float = 0.05) -> list[list[float]]:
+    """The seconds of each timed call of each function, until each ran `min_repeats`
+    timed calls and `min_time` seconds in total.
 
     The functions take turns in blocks of calls (so a change of machine load hits all
     alike), and the first call of a block is not counted: PyTorch bundles its own
     OpenMP runtime, whose idle threads spin for a while after each call and would slow
     down the first call of the other library on a 2-core machine (and ours do the
-    same to PyTorch)."""
+    same to PyTorch). One function alone runs in blocks too."""
     times: list[list[float]] = [[] for _ in functions]
     while True:
         pending = [i for i, t in enumerate(times) if len(t) < min_repeats or sum(t) < min_time]
         if not pending:
-            return [(statistics.median(t), len(t)) for t in times]
+            return times
         for i in pending:
             block_start, calls = time.perf_counter(), 0
             while calls < 2 or time.perf_counter() - block_start < block_time:
@@ -33,6 +33,13 @@ def timed_pair(functions: Sequence[Callable[[], object]], min_time: float,
                 if calls:
                     times[i].append(time.perf_counter() - begin)
                 calls += 1
+
+
+def timed_pair(functions: Sequence[Callable[[], object]], min_time: float,
+               min_repeats: int = 3, block_time: float = 0.05) -> list[tuple[float, int]]:
+    """(median seconds, calls) of each function, timed in turns by `timed_calls`."""
+    return [(statistics.median(t), len(t))
+            for t in timed_calls(functions, min_time, min_repeats, block_time)]
 
 
 def geomean(values: list[float]) -> float | None:

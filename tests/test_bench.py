@@ -28,22 +28,55 @@ def test_benchmark_writes_table_csv_json_and_plot(tmp_path, capsys, weights_form
     for row in rows:
         assert float(row["ours_gflops"]) > 0 and float(row["torch_gflops"]) > 0
         assert not row["note"].startswith("MISMATCH")
+        # the shares of a peak measured next to the row: the fastest call's no less
+        assert float(row["peak_gflops"]) > 0
+        assert float(row["ours_best_pct_peak"]) >= float(row["ours_pct_peak"]) > 0
+        assert float(row["ours_best_gflops"]) >= float(row["ours_gflops"])
+        assert float(row["ours_faults_per_call"]) >= 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["machine"]["peak_f32_gflops_per_core"] > 0
     assert (tmp_path / "results.png").stat().st_size > 0
+
+
+def test_alone_times_convgrad_pinned_without_torch_calls(tmp_path, monkeypatch):
+    """--alone: PyTorch checks the result once but is not timed; while convgrad is
+    timed, the process runs on as many CPUs as threads, and the affinity comes back."""
+    import os
+
+    allowed = os.sched_getaffinity(0)
+    seen = []
+    timed_calls = cases.timed_calls
+
+    def recording(functions, *args, **kwargs):
+        seen.append((len(functions), len(os.sched_getaffinity(0))))
+        return timed_calls(functions, *args, **kwargs)
+
+    monkeypatch.setattr(cases, "timed_calls", recording)
+    status = bench.main(["--set", "resnet50", "--limit", "1", "--threads", "1", "--ops",
+                         "data", "--min-time", "0.01", "--batch", "1", "--alone",
+                         "--out", str(tmp_path)])
+    assert status == 0
+    assert seen == [(1, 1)]
+    assert os.sched_getaffinity(0) == allowed
+    (row,) = csv.DictReader((tmp_path / "results.csv").open())
+    assert row["alone"] == "True" and row["torch_gflops"] == "" and row["ratio"] == ""
+    assert float(row["max_rel_err"]) < 1e-3  # checked against PyTorch once
 
 
 def test_tuned_plans_are_paired_with_the_rules_apart_from_torch(tmp_path, monkeypatch):
     """--tune times each tuned plan against the rules' plan in a pairing of its own (a
     call right after PyTorch's runs slower), and scales the rules' figures by that gain."""
     pairings = []
-    timed_pair = cases.timed_pair
+    timed_pair, timed_calls = cases.timed_pair, cases.timed_calls
 
-    def recording(functions, *args, **kwargs):
-        pairings.append([getattr(f, "__name__", "") for f in functions])
-        return timed_pair(functions, *args, **kwargs)
+    def recording(timing):
+        def record(functions, *args, **kwargs):
+            pairings.append([getattr(f, "__name__", "") for f in functions])
+            return timing(functions, *args, **kwargs)
+        return record
 
-    monkeypatch.setattr(cases, "timed_pair", recording)
+    monkeypatch.setattr(cases, "timed_pair", recording(timed_pair))
+    monkeypatch.setattr(cases, "timed_calls", recording(timed_calls))
     status = bench.main(["--set", "resnet50", "--limit", "1", "--threads", "1", "--ops",
                          "weights", "--min-time", "0.01", "--batch", "1", "--tune",
                          "--out", str(tmp_path)])
@@ -60,22 +93,28 @@ def test_tuned_plans_are_paired_with_the_rules_apart_from_torch(tmp_path, monkey
 def test_rounds_report_the_median_of_each_row():
     """--rounds N: each (layer, op, threads) row takes the median of each library's
     times and of the rounds' ratios; calls add up, the first round's first call stays."""
-    def row(ours_ms, torch_ms, first=None):
+    def row(ours_ms, torch_ms, peak, first=None):
         ours, theirs = 2e6 / ours_ms / 1e6, 2e6 / torch_ms / 1e6
         return cases.Row("s", "layer", "data", 1, 8, "f32", "NXC", flops=2_000_000,
                          torch_flops=2_000_000, ours_ms=ours_ms, torch_ms=torch_ms,
                          ours_gflops=ours, torch_gflops=theirs, ratio=ours / theirs,
-                         ours_calls=3, torch_calls=4, ours_pct_peak=ours, first_call_ms=first)
-    # a peak of 100 GFLOP/s per core: a share of peak in % equal to the GFLOP/s
+                         ours_best_gflops=2 * ours, torch_best_gflops=theirs,
+                         ours_calls=3, torch_calls=4, ours_pct_peak=ours, first_call_ms=first,
+                         peak_gflops=peak)
 
-    rounds = [[row(1.0, 2.0, first=300.0)], [row(4.0, 2.0)], [row(2.0, 1.0)]]
-    (merged,) = cases.merge_rounds(rounds, 100.0)
+    # the rounds' median peak is 100 GFLOP/s per core: a share of peak in % equal to
+    # the GFLOP/s
+    rounds = [[row(1.0, 2.0, 50.0, first=300.0)], [row(4.0, 2.0, 100.0)],
+              [row(2.0, 1.0, 120.0)]]
+    (merged,) = cases.merge_rounds(rounds)
     assert merged.ours_ms == 2.0 and merged.torch_ms == 2.0
     assert merged.ratio == 0.5  # the rounds' ratios 2, 0.5, 0.5 (not 2.0 / 2.0)
     assert merged.ours_gflops == 1.0 and merged.torch_gflops == 1.0
-    assert merged.ours_pct_peak == 1.0  # from the median GFLOP/s
+    assert merged.peak_gflops == 100.0 and merged.ours_pct_peak == 1.0  # median GFLOP/s
+    assert merged.ours_best_gflops == 4.0 and merged.ours_best_pct_peak == 4.0  # fastest
+    assert merged.ours_best_ms == 0.5
     assert (merged.ours_calls, merged.torch_calls, merged.first_call_ms) == (9, 12, 300.0)
-    assert cases.merge_rounds(rounds[:1], 100.0) == rounds[0]
+    assert cases.merge_rounds(rounds[:1]) == rounds[0]
 
 
 def test_rounds_run_every_case_again(tmp_path, capsys):
