@@ -171,3 +171,32 @@ def test_pair_plans_runs_layers_given_as_benchdnn_descriptors(capsys):
     lines = [line.split() for line in capsys.readouterr().out.splitlines() if "ratio" in line
              and "GFLOP/s" in line and not line.startswith(("f32", "avx", "portable"))]
     assert len(lines) == 2 and lines[0][-1] == "1.000"
+
+
+def test_scaling_reports_each_librarys_parallel_efficiency(tmp_path, capsys):
+    """benchmarks.scaling times every op at each thread count against PyTorch at the
+    same count; an efficiency is a library's GFLOP/s per thread over its own 1-thread
+    figure (1 at 1 thread by definition), and the summary has one line per op and count."""
+    from benchmarks import scaling
+
+    assert scaling.default_threads()[0] == 1
+    status = scaling.main(["--sets", "mobilenet_v2", "--limit", "1", "--ops", "data,fwd",
+                           "--threads", "2", "--min-time", "0.01", "--batch", "1",
+                           "--out", str(tmp_path)])
+    assert status == 0
+    rows = list(csv.DictReader((tmp_path / "scaling.csv").open()))
+    assert sorted((r["op"], int(r["threads"])) for r in rows) == [
+        ("data", 1), ("data", 2), ("fwd", 1), ("fwd", 2)]  # 1 added as the base
+    for row in rows:
+        ours, theirs = float(row["ours_gflops"]), float(row["torch_gflops"])
+        assert ours > 0 and theirs > 0
+        if row["threads"] == "1":
+            assert float(row["ours_efficiency"]) == float(row["torch_efficiency"]) == 1.0
+        else:
+            one = next(r for r in rows if r["op"] == row["op"] and r["threads"] == "1")
+            assert float(row["ours_efficiency"]) == pytest.approx(
+                ours / 2 / float(one["ours_gflops"]))
+    summary = json.loads((tmp_path / "scaling.json").read_text())["summary"]
+    assert [(m["op"], m["threads"]) for m in summary] == [
+        ("data", 1), ("data", 2), ("fwd", 1), ("fwd", 2)]
+    assert "convgrad eff" in capsys.readouterr().out
