@@ -179,7 +179,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             or args.max_lax_seconds <= 0:
         parser.error("--batch, --limit and --max-lax-seconds must be positive, --min-time "
                      "not negative")
-    xla.check_worker_arguments(parser, args)
     return args
 
 
@@ -199,11 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     results = xla.run_workers("benchmarks.jax_ops", argv, args)
     if results is None:
         return 1
-    rows = [Row(**r) for result in results for r in result["rows"]]
+    rows = xla.rows_of(results, Row)
     machine = results[0]["machine"]
     means = geomeans(rows)
-    report = [f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; jax "
-              f"{machine['jax']}, convgrad {machine['convgrad_generator']} ({machine['isa']})",
+    report = [xla.machine_line(machine),
               f"batch {args.batch}, {args.dtype}, {args.layout}; ratio = lax ms / convgrad ms "
               "(above 1: convgrad is faster); rel diff = max |convgrad - lax| / max |lax|", "",
               table(rows), "",

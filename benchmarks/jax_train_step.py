@@ -267,7 +267,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.batch < 2 or args.size < 8 or args.width_mult <= 0 or args.min_time < 0:
         parser.error("--batch must be at least 2 (BatchNorm), --size at least 8, "
                      "--width-mult positive, --min-time not negative")
-    xla.check_worker_arguments(parser, args)
     return args
 
 
@@ -282,11 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     results = xla.run_workers("benchmarks.jax_train_step", argv, args)
     if results is None:
         return 1
-    rows = [Row(**r) for result in results for r in result["rows"]]
+    rows = xla.rows_of(results, Row)
     machine = results[0]["machine"]
     report = "\n".join([
-        f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; jax {machine['jax']}, "
-        f"convgrad {machine['convgrad_generator']} ({machine['isa']})", "", table(rows),
+        xla.machine_line(machine), "", table(rows),
         "ratio = lax ms / convgrad ms (above 1: convgrad's step is faster); 1st: the first "
         "step (trace, XLA compile, run), convgrad's after its kernels were built;",
         "diffs: convgrad against lax (losses, gradient norms, worst convolution weight "

@@ -74,11 +74,6 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
 
 
-def check_worker_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if args.worker and len(args.threads) != 1:
-        parser.error("--worker runs one thread count")
-
-
 def kernel_environment(args: argparse.Namespace, stack: contextlib.ExitStack) -> dict:
     """The workers' convgrad settings: no AOT kernels unless --aot, a new kernel cache
     (shared by the thread counts' processes) unless --keep-cache."""
@@ -115,9 +110,22 @@ def run_workers(module: str, argv: Sequence[str], args: argparse.Namespace
     return results
 
 
+def rows_of(results: Sequence[dict], row_type: type) -> list:
+    """The rows of every worker's JSON (run_workers'), as `row_type`."""
+    return [row_type(**r) for result in results for r in result["rows"]]
+
+
+def machine_line(machine: dict) -> str:
+    """The first line of a report: the CPU, jax and convgrad of a worker's machine."""
+    return (f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; jax {machine['jax']}, "
+            f"convgrad {machine['convgrad_generator']} ({machine['isa']})")
+
+
 def start_worker(args: argparse.Namespace) -> int:
     """In a worker: checks XLA's thread count, pins with --pin, gives convgrad as many
     threads (before any trace: the kernels' calls keep it); the thread count."""
+    if len(args.threads) != 1:
+        raise SystemExit("--worker runs one thread count")
     threads = args.threads[0]
     check_thread_env(threads)
     if args.pin:
