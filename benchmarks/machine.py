@@ -100,18 +100,23 @@ def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:
     return Peak(isa).measure(seconds, runs)
 
 
+def pin(threads: int) -> list[int]:
+    """Restricts this process to the first `threads` CPUs it may run on (as taskset
+    does); those CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    os.sched_setaffinity(0, cpus)
+    return cpus
+
+
 @contextlib.contextmanager
 def pinned(threads: int | None) -> Iterator[list[int]]:
-    """Restricts this process to the first `threads` CPUs it may run on (as taskset
-    does; None: no change) and gives the set back after."""
+    """`pin(threads)` (None: no change), the CPUs allowed before given back after."""
     allowed = sorted(os.sched_getaffinity(0))
     if threads is None:
         yield allowed
         return
-    cpus = allowed[:threads]
-    os.sched_setaffinity(0, cpus)
     try:
-        yield cpus
+        yield pin(threads)
     finally:
         os.sched_setaffinity(0, allowed)
 

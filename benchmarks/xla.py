@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import convgrad
-from benchmarks.machine import jax_machine_info
+from benchmarks.machine import jax_machine_info, pin
 from benchmarks.shapes import ROOT
 from benchmarks.timing import int_list
 
@@ -51,13 +51,6 @@ def _backend_started() -> bool:
     from jax._src import xla_bridge
 
     return bool(getattr(xla_bridge, "_backends", None))
-
-
-def pin(threads: int) -> list[int]:
-    """Restricts this process to the first `threads` CPUs it may run on (taskset)."""
-    cpus = sorted(os.sched_getaffinity(0))[:threads]
-    os.sched_setaffinity(0, cpus)
-    return cpus
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
