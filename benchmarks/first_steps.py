@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.models import MODELS, classes, input_shape
+from benchmarks.models import MODELS, add_size_options, check_size_options, classes, input_shape
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,18 +51,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="time convgrad.torch.compile_kernels before the steps")
     parser.add_argument("--block", action="store_true",
                         help="the converted model's calls wait for their kernels")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--size", type=int, default=None)
-    parser.add_argument("--width", type=int, default=None, help="resnet18 only")
-    parser.add_argument("--blocks", default=None, help="resnet18 only, e.g. 1,1,1,1")
+    add_size_options(parser)  # --batch, --size, --width, --blocks
     args = parser.parse_args(argv)
     if args.which == "torch" and (args.compile_kernels or args.block or args.cache != "warm"):
         parser.error("--compile-kernels, --block and --cache are for --which ours")
     if args.threads < 1 or args.steps < 0:
         parser.error("--threads must be positive, --steps not negative")
-    args.blocks = [int(b) for b in args.blocks.split(",")] if args.blocks else None
-    if (args.width or args.blocks) and args.model != "resnet18":
-        parser.error("--width and --blocks shape resnet18 only")
+    check_size_options(parser, args)
     return args
 
 
@@ -76,16 +71,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import convgrad.torch as cgt
-    from benchmarks.train_step import make_step
+    from benchmarks.train_step import make_step, model_options
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     name = args.model
     shape = input_shape(name, args.batch, args.size, None)
-    options = {k: v for k, v in (("width", args.width), ("blocks", args.blocks))
-               if v is not None}
     memory_format = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
-    model = MODELS[name](classes=classes(name), **options).to(memory_format=memory_format)
+    model = MODELS[name](classes=classes(name), **model_options(name, args))
+    model = model.to(memory_format=memory_format)
     x = torch.randn(shape).contiguous(memory_format=memory_format)
     if args.which == "ours":
         cgt.convert(model)

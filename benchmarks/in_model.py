@@ -27,7 +27,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.models import MODELS, classes, input_shape
+from benchmarks.models import MODELS, add_size_options, check_size_options, classes, input_shape
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,16 +36,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("model", choices=list(MODELS))
     parser.add_argument("threads", type=int, nargs="?", default=2, help="default 2")
     parser.add_argument("steps", type=int, nargs="?", default=10, help="default 10")
-    parser.add_argument("--batch", type=int, default=None)
-    parser.add_argument("--size", type=int, default=None)
-    parser.add_argument("--width", type=int, default=None, help="resnet18 only")
-    parser.add_argument("--blocks", default=None, help="resnet18 only, e.g. 1,1,1,1")
+    add_size_options(parser)  # --batch, --size, --width, --blocks
     args = parser.parse_args(argv)
     if args.threads < 1 or args.steps < 1:
         parser.error("threads and steps must be positive")
-    args.blocks = [int(b) for b in args.blocks.split(",")] if args.blocks else None
-    if (args.width or args.blocks) and args.model != "resnet18":
-        parser.error("--width and --blocks shape resnet18 only")
+    check_size_options(parser, args)
     return args
 
 
@@ -61,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.profiler import profile
 
     import convgrad.torch as cgt
-    from benchmarks.train_step import make_step
+    from benchmarks.train_step import make_step, model_options
     from convgrad import bound
     from convgrad.torch import ops
 
@@ -69,10 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     shape = input_shape(name, args.batch, args.size, None)
-    options = {k: v for k, v in (("width", args.width), ("blocks", args.blocks))
-               if v is not None}
     memory_format = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
-    model = MODELS[name](classes=classes(name), **options).to(memory_format=memory_format)
+    model = MODELS[name](classes=classes(name), **model_options(name, args))
+    model = model.to(memory_format=memory_format)
     ours = copy.deepcopy(model)
     cgt.convert(ours)
     cgt.set_compile_mode("block")

@@ -9,8 +9,9 @@ count.
                                         [--min-time 3] [--pin] [--keep-cache] [--aot]
                                         [--out DIR]
 
-The models (NHWC data, HWIO weights, functions of a parameter pytree and of the conv
-function, written after torchvision's architectures and benchmarks/models.py):
+The models (benchmarks.jax_models: NHWC data, HWIO weights, functions of a parameter
+pytree and of the conv function, written after torchvision's architectures and
+benchmarks/models.py):
 - resnet18: a 7x7/2 stem, BatchNorm, ReLU and a 3x3/2 max pool, four stages of two basic
   blocks (3x3 convolutions, 1x1/2 projections where the shape changes), widths 64 to 512;
 - mobilenet_v2: a 3x3/2 stem, 17 inverted residuals (1x1 expansion by 6, depthwise 3x3
@@ -31,205 +32,40 @@ convgrad's kernels built by convgrad.jax.compile_kernels (in parallel; from a ne
 cache unless --keep-cache), then its first step the same way; the optimized HLO of
 convgrad's step is checked to hold no XLA convolution (every convolution, forward and
 both gradients, one convgrad custom call). One more untimed step each, then the two take
-turns in blocks of steps (benchmarks.timing.timed_pair) until each ran --min-time seconds and 3
-steps, each step ending with block_until_ready; medians are reported, ratio = lax ms /
-convgrad ms (above 1: convgrad's step is faster). As a check, the two first steps'
-losses and global gradient norms must agree to 1e-3 relative (2e-2 in bf16), and the
-largest difference of any convolution weight's gradient relative to its largest value
-is reported (with bf16, also each library's against the same step in float32, lax's
-on the same rounded parameters and batch). Threads as in benchmarks/jax_ops.py:
-convgrad.set_num_threads(n) and PJRT_NPROC=n (XLA's CPU thread pool, sized once per
-process). Results also go to results.csv, results.json and table.txt in --out.
+turns in blocks of steps (benchmarks.timing.timed_pair) until each ran --min-time
+seconds and 3 steps, each step ending with block_until_ready; medians are reported,
+ratio = lax ms / convgrad ms (above 1: convgrad's step is faster). As a check, the two
+first steps' losses and global gradient norms must agree to 1e-3 relative (2e-2 in
+bf16), and the largest difference of any convolution weight's gradient relative to its
+largest value is reported (with bf16, also each library's against the same step in
+float32, lax's on the same rounded parameters and batch). Threads as in
+benchmarks/jax_ops.py (benchmarks.xla): convgrad.set_num_threads(n) and PJRT_NPROC=n
+(XLA's CPU thread pool, sized once per process). Results also go to results.csv,
+results.json and table.txt in --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import csv
-import json
 import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-import convgrad
-from benchmarks.jax_ops import (
-    check_thread_env,
-    hlo_summary,
-    int_list,
-    kernel_environment,
-    machine_info,
-    pin,
-    run_workers,
-    thread_info,
-)
-from benchmarks.timing import timed_pair
+from benchmarks import xla
+from benchmarks.jax_cases import rel_diff
+from benchmarks.jax_models import CLASSES, MODELS, build
+from benchmarks.reports import settings, write_results
+from benchmarks.timing import int_list, timed_pair
 
 SCRIPT = Path(__file__).resolve()
 DEFAULT_OUT = SCRIPT.parent / "results" / "jax_train_step"
-MODELS = ("resnet18", "mobilenet_v2")
 DTYPES = ("f32", "bf16")
 TOLERANCE = {"f32": 1e-3, "bf16": 2e-2}  # losses' and gradient norms' relative difference
-CLASSES = 1000
-# MobileNetV2's inverted residual rows: expansion, channels, blocks, first stride
-MOBILENET_ROWS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
-                  (6, 160, 3, 2), (6, 320, 1, 1))
-RESNET_BLOCKS = (2, 2, 2, 2)
-
-
-# --------------------------------------------------------------------------- models
-
-def divisible(value: float, divisor: int = 8) -> int:
-    """torchvision's _make_divisible: the nearest multiple of `divisor`, not below 90%."""
-    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
-    return rounded + divisor if rounded < 0.9 * value else rounded
-
-
-class Init:
-    """Parameters from one numpy generator, in float32 (cast to the model's dtype later)."""
-
-    def __init__(self, seed: int = 0):
-        self.rng = np.random.default_rng(seed)
-
-    def conv(self, k: int, c_in: int, c_out: int, groups: int = 1) -> np.ndarray:
-        """HWIO weights, He-normal in fan-out (torchvision's kaiming_normal_)."""
-        std = math.sqrt(2.0 / (c_out * k * k // groups))
-        return (self.rng.standard_normal((k, k, c_in // groups, c_out)) * std).astype(np.float32)
-
-    @staticmethod
-    def bn(channels: int) -> dict:
-        return {"scale": np.ones(channels, np.float32), "bias": np.zeros(channels, np.float32)}
-
-    def dense(self, c_in: int, c_out: int) -> dict:
-        bound = 1 / math.sqrt(c_in)
-        return {"w": self.rng.uniform(-bound, bound, (c_in, c_out)).astype(np.float32),
-                "b": np.zeros(c_out, np.float32)}
-
-
-def _conv(conv: Callable, x, w, stride: int = 1, groups: int = 1):
-    pad = w.shape[0] // 2
-    return conv(x, w, (stride, stride), [(pad, pad), (pad, pad)],
-                dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=groups)
-
-
-def _batch_norm(x, p, eps: float = 1e-5):
-    import jax.numpy as jnp
-    from jax import lax
-
-    x32 = x.astype(jnp.float32)
-    mean = x32.mean(axis=(0, 1, 2))
-    var = jnp.square(x32 - mean).mean(axis=(0, 1, 2))
-    return ((x32 - mean) * lax.rsqrt(var + eps) * p["scale"] + p["bias"]).astype(x.dtype)
-
-
-def _head(x, p):
-    import jax.numpy as jnp
-
-    pooled = x.astype(jnp.float32).mean(axis=(1, 2)).astype(x.dtype)
-    return (pooled @ p["w"]).astype(jnp.float32) + p["b"]
-
-
-@dataclass
-class Model:
-    """A model's static structure (`apply` closes over it) and its initial parameters."""
-
-    name: str
-    params: dict
-    apply: Callable  # (params, x, conv) -> logits (float32)
-    convolutions: int
-
-
-def resnet18(width_mult: float = 1.0, blocks: Sequence[int] = RESNET_BLOCKS) -> Model:
-    init, width = Init(), divisible(64 * width_mult)
-    params = {"stem": init.conv(7, 3, width), "stem_bn": init.bn(width), "blocks": []}
-    strides, channels = [], width
-    for stage, count in enumerate(blocks):
-        base = width * 2 ** stage
-        for number in range(count):
-            stride = 2 if stage > 0 and number == 0 else 1
-            block = {"conv1": init.conv(3, channels, base), "bn1": init.bn(base),
-                     "conv2": init.conv(3, base, base), "bn2": init.bn(base)}
-            if stride != 1 or channels != base:
-                block["down"], block["down_bn"] = init.conv(1, channels, base), init.bn(base)
-            params["blocks"].append(block)
-            strides.append(stride)
-            channels = base
-    params["head"] = init.dense(channels, CLASSES)
-
-    def apply(p, x, conv):
-        import jax
-        from jax import lax
-
-        x = jax.nn.relu(_batch_norm(_conv(conv, x, p["stem"], 2), p["stem_bn"]))
-        x = lax.reduce_window(x, -np.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1),
-                              ((0, 0), (1, 1), (1, 1), (0, 0)))
-        for block, stride in zip(p["blocks"], strides, strict=True):
-            out = jax.nn.relu(_batch_norm(_conv(conv, x, block["conv1"], stride), block["bn1"]))
-            out = _batch_norm(_conv(conv, out, block["conv2"]), block["bn2"])
-            if "down" in block:
-                x = _batch_norm(_conv(conv, x, block["down"], stride), block["down_bn"])
-            x = jax.nn.relu(out + x)
-        return _head(x, p["head"])
-
-    count = 1 + sum(2 + ("down" in b) for b in params["blocks"])
-    return Model("resnet18", params, apply, count)
-
-
-def mobilenet_v2(width_mult: float = 1.0, blocks: Sequence[int] | None = None) -> Model:
-    init = Init()
-    rows = MOBILENET_ROWS if blocks is None else [
-        (t, c, n, s) for (t, c, _, s), n in zip(MOBILENET_ROWS, blocks, strict=False)]
-    channels = divisible(32 * width_mult)
-    params = {"stem": init.conv(3, 3, channels), "stem_bn": init.bn(channels), "blocks": []}
-    shapes = []  # (stride, expanded, residual) per block
-    for expand, c, count, first_stride in rows:
-        out = divisible(c * width_mult)
-        for number in range(count):
-            stride, hidden = first_stride if number == 0 else 1, channels * expand
-            block = {}
-            if expand != 1:
-                block["expand"], block["expand_bn"] = init.conv(1, channels, hidden), \
-                    init.bn(hidden)
-            block["dw"], block["dw_bn"] = init.conv(3, hidden, hidden, hidden), init.bn(hidden)
-            block["project"], block["project_bn"] = init.conv(1, hidden, out), init.bn(out)
-            params["blocks"].append(block)
-            shapes.append((stride, hidden, stride == 1 and channels == out))
-            channels = out
-    last = divisible(1280 * max(1.0, width_mult))
-    params["last"], params["last_bn"] = init.conv(1, channels, last), init.bn(last)
-    params["head"] = init.dense(last, CLASSES)
-
-    def apply(p, x, conv):
-        import jax
-
-        def relu6(v):
-            return jax.nn.relu6(v)
-
-        x = relu6(_batch_norm(_conv(conv, x, p["stem"], 2), p["stem_bn"]))
-        for block, (stride, hidden, residual) in zip(p["blocks"], shapes, strict=True):
-            out = x
-            if "expand" in block:
-                out = relu6(_batch_norm(_conv(conv, out, block["expand"]), block["expand_bn"]))
-            out = relu6(_batch_norm(_conv(conv, out, block["dw"], stride, hidden),
-                                    block["dw_bn"]))
-            out = _batch_norm(_conv(conv, out, block["project"]), block["project_bn"])
-            x = x + out if residual else out
-        x = relu6(_batch_norm(_conv(conv, x, p["last"]), p["last_bn"]))
-        return _head(x, p["head"])
-
-    count = 2 + sum(2 + ("expand" in b) for b in params["blocks"])
-    return Model("mobilenet_v2", params, apply, count)
-
-
-def build(name: str, args: argparse.Namespace) -> Model:
-    if name == "resnet18":
-        return resnet18(args.width_mult, args.blocks or RESNET_BLOCKS)
-    return mobilenet_v2(args.width_mult, args.blocks)
 
 
 # --------------------------------------------------------------------------- steps
@@ -286,12 +122,8 @@ def _conv_grad_diff(ours, theirs) -> float:
     """Largest |ours - theirs| / max |theirs| over the 4-D (convolution weight) leaves."""
     import jax
 
-    worst = 0.0
-    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs), strict=True):
-        if np.ndim(b) == 4:
-            a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-            worst = max(worst, float(np.max(np.abs(a64 - b64)) / (np.max(np.abs(b64)) or 1)))
-    return worst
+    return max((rel_diff(a, b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(theirs),
+                                                strict=True) if np.ndim(b) == 4), default=0.0)
 
 
 def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) -> Row:
@@ -330,7 +162,7 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
     calls = cj.compile_kernels(ours_step, params, x, labels, progress=False)
     kernels_s = time.perf_counter() - begin
     ours_compiled, (ours_loss, ours_grads), ours_first = first(ours_step)
-    ours_hlo, lax_hlo = hlo_summary(ours_compiled), hlo_summary(lax_compiled)
+    ours_hlo, lax_hlo = xla.hlo_summary(ours_compiled), xla.hlo_summary(lax_compiled)
 
     lax_loss, ours_loss = float(lax_loss), float(ours_loss)
     lax_norm, ours_norm = _norm(lax_grads), _norm(ours_grads)
@@ -367,11 +199,7 @@ def measure(name: str, dtype_name: str, threads: int, args: argparse.Namespace) 
 
 
 def worker(args: argparse.Namespace) -> int:
-    threads = args.threads[0]
-    check_thread_env(threads)
-    if args.pin:
-        pin(threads)
-    convgrad.set_num_threads(threads)  # before any trace: the kernels' calls keep it
+    threads = xla.start_worker(args)
     rows = []
     for name in args.model:
         for dtype in args.dtype:
@@ -381,10 +209,7 @@ def worker(args: argparse.Namespace) -> int:
                   f"{r.convgrad_ms:.1f} ms; first steps {r.lax_first_step_ms:.0f} / "
                   f"{r.convgrad_first_step_ms:.0f} ms, kernels {r.convgrad_kernels_s:.1f} s",
                   file=sys.stderr, flush=True)
-    Path(args.worker).write_text(json.dumps(
-        {"machine": machine_info(), "threads": thread_info(threads),
-         "rows": [asdict(r) for r in rows]}))
-    return 0
+    return xla.finish_worker(args, rows)
 
 
 # --------------------------------------------------------------------------- main
@@ -425,8 +250,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="comma-separated: resnet18, mobilenet_v2 (default both)")
     parser.add_argument("--dtype", type=_names(DTYPES), default=["f32"],
                         help="comma-separated: f32, bf16 (default f32)")
-    parser.add_argument("--threads", type=int_list, default=[1, 2],
-                        help="comma-separated thread counts, one process each (default 1,2)")
+    xla.add_worker_arguments(parser)  # --threads, --pin, --keep-cache, --aot
     parser.add_argument("--batch", type=int, default=8, help="batch (default 8)")
     parser.add_argument("--size", type=int, default=112, help="image side (default 112)")
     parser.add_argument("--width-mult", type=float, default=1.0,
@@ -437,21 +261,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "keep the first stages only")
     parser.add_argument("--min-time", type=float, default=3.0,
                         help="seconds of timed steps per library and row (default 3)")
-    parser.add_argument("--pin", action="store_true",
-                        help="run each thread count's process on that many CPUs only")
-    parser.add_argument("--keep-cache", action="store_true",
-                        help="use the usual kernel cache instead of a new temporary one")
-    parser.add_argument("--aot", action="store_true",
-                        help="let convgrad use ahead-of-time kernels (ignored by default)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"results folder (default {DEFAULT_OUT})")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.batch < 2 or args.size < 8 or args.width_mult <= 0 or args.min_time < 0:
         parser.error("--batch must be at least 2 (BatchNorm), --size at least 8, "
                      "--width-mult positive, --min-time not negative")
-    if args.worker and len(args.threads) != 1:
-        parser.error("--worker runs one thread count")
     return args
 
 
@@ -463,34 +278,21 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.jax_train_step " + " ".join(argv)
     print(f"JAX training step (loss + gradients), batch {args.batch}, {args.size}x"
           f"{args.size}, NHWC; lax against convgrad.jax", flush=True)
-    with contextlib.ExitStack() as stack:
-        results = run_workers("benchmarks.jax_train_step", argv, args.threads,
-                              kernel_environment(args, stack))
+    results = xla.run_workers("benchmarks.jax_train_step", argv, args)
     if results is None:
         return 1
-    rows = [Row(**r) for result in results for r in result["rows"]]
+    rows = xla.rows_of(results, Row)
     machine = results[0]["machine"]
     report = "\n".join([
-        f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; jax {machine['jax']}, "
-        f"convgrad {machine['convgrad_generator']} ({machine['isa']})", "", table(rows),
+        xla.machine_line(machine), "", table(rows),
         "ratio = lax ms / convgrad ms (above 1: convgrad's step is faster); 1st: the first "
         "step (trace, XLA compile, run), convgrad's after its kernels were built;",
         "diffs: convgrad against lax (losses, gradient norms, worst convolution weight "
         "gradient; with bf16 each library's against float32's); convs: convgrad calls in "
         "the step's HLO / the model's convolutions"])
     print(report)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "table.txt").write_text(f"{command}\n\n{report}\n")
-    with (args.out / "results.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[field.name for field in fields(Row)])
-        writer.writeheader()
-        writer.writerows(asdict(r) for r in rows)
-    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                if k != "worker"}
-    (args.out / "results.json").write_text(json.dumps(
-        {"command": command, "machine": machine, "settings": settings,
-         "threads": [r["threads"] for r in results], "rows": [asdict(r) for r in rows]},
-        indent=1) + "\n")
+    write_results(args.out, command, report, rows, Row, machine=machine,
+                  settings=settings(args), threads=[r["threads"] for r in results])
     print(f"results in {args.out}")
     return 0 if all(r.agrees and not r.convgrad_hlo_convolutions for r in rows) else 1
 

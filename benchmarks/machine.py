@@ -1,5 +1,6 @@
-"""The machine a benchmark runs on: its f32 FMA peak, a description for the results,
-and the environment that puts convgrad and PyTorch on the same ISA path."""
+"""The machine a benchmark runs on: its f32 FMA peak, a description for the results
+(with PyTorch's or jax's versions), and the environment that puts convgrad and PyTorch
+on the same ISA path. Imports neither PyTorch nor jax until a description needs it."""
 
 from __future__ import annotations
 
@@ -21,11 +22,6 @@ from convgrad.codegen import generator_version
 from convgrad.codegen.targets import host
 from convgrad.compiler import compile_objects, compiler_identity
 from convgrad.cpu import available_isas, cpu_model, selected_isa
-
-try:
-    import torch
-except ImportError:  # machine_info is only called where PyTorch runs
-    torch = None
 
 _PEAK_SOURCE = r"""
 typedef float vf __attribute__((vector_size(VBYTES)));
@@ -104,23 +100,43 @@ def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:
     return Peak(isa).measure(seconds, runs)
 
 
+def pin(threads: int) -> list[int]:
+    """Restricts this process to the first `threads` CPUs it may run on (as taskset
+    does); those CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))[:threads]
+    os.sched_setaffinity(0, cpus)
+    return cpus
+
+
 @contextlib.contextmanager
 def pinned(threads: int | None) -> Iterator[list[int]]:
-    """Restricts this process to the first `threads` CPUs it may run on (as taskset
-    does; None: no change) and gives the set back after."""
+    """`pin(threads)` (None: no change), the CPUs allowed before given back after."""
     allowed = sorted(os.sched_getaffinity(0))
     if threads is None:
         yield allowed
         return
-    cpus = allowed[:threads]
-    os.sched_setaffinity(0, cpus)
     try:
-        yield cpus
+        yield pin(threads)
     finally:
         os.sched_setaffinity(0, allowed)
 
 
+def _software() -> dict:
+    """convgrad's generator and compiler, Python, numpy, the platform and the date."""
+    return {
+        "convgrad_generator": generator_version(),
+        "compiler": compiler_identity().splitlines()[0],
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def machine_info(peak: float) -> dict:
+    """The machine and the software, PyTorch's included (bench.py's)."""
+    import torch
+
     return {
         "cpu": cpu_model(),
         "target": host(),
@@ -132,12 +148,24 @@ def machine_info(peak: float) -> dict:
         "peak_f32_gflops_per_core": round(peak, 2),
         "torch": torch.__version__,
         "torch_mkldnn": bool(torch.backends.mkldnn.is_available()),
-        "convgrad_generator": generator_version(),
-        "compiler": compiler_identity().splitlines()[0],
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **_software(),
+    }
+
+
+def jax_machine_info() -> dict:
+    """The machine and the software, jax's included (the JAX benchmarks' workers')."""
+    import jax
+    import jaxlib
+
+    return {
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "cpus_allowed": len(os.sched_getaffinity(0)),
+        "isa": selected_isa(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        **_software(),
     }
 
 

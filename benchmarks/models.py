@@ -31,6 +31,7 @@ torchvision's: 11.69M, 25.56M, 25.03M, 3.50M, 5.29M and 33.37M in the order abov
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 
 from torch import nn
@@ -312,3 +313,19 @@ def input_shape(name: str, batch: int | None = None, size: int | None = None,
 def classes(name: str) -> int:
     """The model's number of output classes: torchvision's (ImageNet 1000, Kinetics 400)."""
     return 400 if name in VIDEO else 1000
+
+
+def add_size_options(parser: argparse.ArgumentParser) -> None:
+    """--batch and --size (input_shape's), --width and --blocks (resnet18's), as the
+    one-model tools (first_steps, in_model) take them."""
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--size", type=int, default=None)
+    parser.add_argument("--width", type=int, default=None, help="resnet18 only")
+    parser.add_argument("--blocks", default=None, help="resnet18 only, e.g. 1,1,1,1")
+
+
+def check_size_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--blocks as a list; --width and --blocks only with args.model resnet18."""
+    args.blocks = [int(b) for b in args.blocks.split(",")] if args.blocks else None
+    if (args.width or args.blocks) and args.model != "resnet18":
+        parser.error("--width and --blocks shape resnet18 only")

@@ -1,18 +1,36 @@
-"""bench.py's outputs: the table, the geometric means per op and thread count, the CSV
-and the plot."""
+"""The benchmarks' outputs: aligned text tables, the CSV of a list of rows and the files
+of a run (table.txt, results.csv, results.json); bench.py's table, geometric means per
+op and thread count, and plot. Imports neither PyTorch nor jax."""
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
+from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from benchmarks.cases import Row
 from benchmarks.timing import geomean
 
+if TYPE_CHECKING:
+    from benchmarks.cases import Row
 
-def fmt(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+
+def fmt(value: float | None, digits: int, kind: str = "f") -> str:
+    """`value` with `digits` digits after the point (kind "e": in exponent notation);
+    "-" for None."""
+    return "-" if value is None else f"{value:.{digits}{kind}}"
+
+
+def columns(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
+    """A text table: each column as wide as its widest cell, a rule under the header."""
+    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
+    text = ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
+            for line in [header, *lines]]
+    text.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(text)
 
 
 def table(rows: list[Row]) -> str:
@@ -31,13 +49,7 @@ def table(rows: list[Row]) -> str:
     header.append("note")
     for line, r in zip(lines, rows, strict=True):
         line.append(r.note)
-    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(len(header))]
-    text = ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip()
-            for line in [header, *lines]]
-    text.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(text)
-
-
+    return columns(header, lines)
 
 
 def geomeans(rows: list[Row]) -> list[dict]:
@@ -65,11 +77,30 @@ def geomeans(rows: list[Row]) -> list[dict]:
     return means
 
 
-def write_csv(rows: list[Row], path: Path) -> None:
+def write_csv(rows: Sequence, path: Path, row_type: type | None = None) -> None:
+    """Dataclass rows as a CSV, a column per field of `row_type` (by default the rows')."""
+    row_type = row_type or type(rows[0])
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[field.name for field in fields(Row)])
+        writer = csv.DictWriter(f, fieldnames=[field.name for field in fields(row_type)])
         writer.writeheader()
         writer.writerows(asdict(row) for row in rows)
+
+
+def settings(args: argparse.Namespace) -> dict:
+    """A run's options for its JSON record (paths as text; a worker's file left out)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+            if k != "worker"}
+
+
+def write_results(out: Path, command: str, report: str, rows: Sequence, row_type: type,
+                  **record) -> None:
+    """A run's files in `out`: table.txt (the command and the report it printed),
+    results.csv (the rows) and results.json ({"command", **record, "rows"})."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.txt").write_text(f"{command}\n\n{report}\n")
+    write_csv(rows, out / "results.csv", row_type)
+    (out / "results.json").write_text(json.dumps(
+        {"command": command, **record, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
 
 
 def plot(rows: list[Row], means: list[dict], path: Path, title: str) -> bool:

@@ -2,9 +2,10 @@
 
 Every forward convolution of a set becomes the layers of the ops the benchmarks time
 (`OPS`: data, weights, fwd, tweights; convgrad.codegen.layers.conv_layers builds them).
-The ResNet-50 list is the package's bundled copy, two sets are written here in benchdnn's
-syntax (`INLINE`), the others are a handful of representative descriptors of oneDNN
-benchdnn's files in DEFAULT_SHAPES_DIR (a set whose file is missing is skipped).
+The ResNet-50 list is the package's bundled copy, three sets are written here in
+benchdnn's syntax (`INLINE`; ResNeXt-50's is one of JAX_SETS only, the JAX benchmarks'),
+the others are a handful of representative descriptors of oneDNN benchdnn's files in
+DEFAULT_SHAPES_DIR (a set whose file is missing is skipped).
 """
 
 from __future__ import annotations
@@ -51,12 +52,22 @@ SETS: dict[str, tuple[str, tuple[str, ...] | None]] = {
 }
 BUNDLED = {"resnet50"}
 
-# MobileNetV2's distinct layers at a 112x112 input (as benchmarks/models.py builds it):
-# the 1x1 expand and project layers (16-320 channels on 56x56 to 4x4) and the 3x3
-# depthwise layers (the stem and the last 1x1 too). Written here in benchdnn's syntax.
-INLINE = {"mobilenet_v2": " ".join(
-    f'mb8_g{g}ic{ic}oc{oc}_ih{i}oh{o}kh{k}sh{s}dh0ph{k // 2}_iw{i}ow{o}kw{k}sw{s}dw0pw{k // 2}'
-    f'_n"mobilenet_v2:{name}"' for name, g, ic, oc, i, o, k, s in (
+
+def _descriptors(model: str, layers: Sequence[tuple[str, int, int, int, int, int, int, int]]
+                 ) -> str:
+    """benchdnn descriptors (batch 8, square, pads k // 2, no dilation) of (name, groups,
+    in channels, out channels, input side, output side, kernel side, stride) rows."""
+    return " ".join(
+        f'mb8_g{g}ic{ic}oc{oc}_ih{i}oh{o}kh{k}sh{s}dh0ph{k // 2}_iw{i}ow{o}kw{k}sw{s}dw0pw{k // 2}'
+        f'_n"{model}:{name}"' for name, g, ic, oc, i, o, k, s in layers)
+
+
+# Sets written here in benchdnn's syntax.
+INLINE = {
+    # MobileNetV2's distinct layers at a 112x112 input (as benchmarks/models.py builds
+    # it): the 1x1 expand and project layers (16-320 channels on 56x56 to 4x4) and the
+    # 3x3 depthwise layers (the stem and the last 1x1 too).
+    "mobilenet_v2": _descriptors("mobilenet_v2", (
         ("stem", 1, 3, 32, 112, 56, 3, 2), ("dw32", 32, 32, 32, 56, 56, 3, 1),
         ("pw32-16", 1, 32, 16, 56, 56, 1, 1), ("pw16-96", 1, 16, 96, 56, 56, 1, 1),
         ("dw96s2", 96, 96, 96, 56, 28, 3, 2), ("pw96-24", 1, 96, 24, 28, 28, 1, 1),
@@ -69,15 +80,36 @@ INLINE = {"mobilenet_v2": " ".join(
         ("pw160-960", 1, 160, 960, 4, 4, 1, 1), ("dw960", 960, 960, 960, 4, 4, 3, 1),
         ("pw960-320", 1, 960, 320, 4, 4, 1, 1), ("pw320-1280", 1, 320, 1280, 4, 4, 1, 1))),
     # ResNet-18's distinct layers at a 112x112 input: half ImageNet's sizes (56 to 4)
-    "resnet18_112": " ".join(
-        f'mb8_g1ic{ic}oc{oc}_ih{i}oh{o}kh{k}sh{s}dh0ph{k // 2}_iw{i}ow{o}kw{k}sw{s}dw0pw{k // 2}'
-        f'_n"resnet18_112:{name}"' for name, ic, oc, i, o, k, s in (
-            ("conv1", 3, 64, 112, 56, 7, 2), ("l1", 64, 64, 28, 28, 3, 1),
-            ("l2s2", 64, 128, 28, 14, 3, 2), ("l2", 128, 128, 14, 14, 3, 1),
-            ("l2down", 64, 128, 28, 14, 1, 2), ("l3s2", 128, 256, 14, 7, 3, 2),
-            ("l3", 256, 256, 7, 7, 3, 1), ("l3down", 128, 256, 14, 7, 1, 2),
-            ("l4s2", 256, 512, 7, 4, 3, 2), ("l4", 512, 512, 4, 4, 3, 1),
-            ("l4down", 256, 512, 7, 4, 1, 2)))}
+    "resnet18_112": _descriptors("resnet18_112", (
+        ("conv1", 1, 3, 64, 112, 56, 7, 2), ("l1", 1, 64, 64, 28, 28, 3, 1),
+        ("l2s2", 1, 64, 128, 28, 14, 3, 2), ("l2", 1, 128, 128, 14, 14, 3, 1),
+        ("l2down", 1, 64, 128, 28, 14, 1, 2), ("l3s2", 1, 128, 256, 14, 7, 3, 2),
+        ("l3", 1, 256, 256, 7, 7, 3, 1), ("l3down", 1, 128, 256, 14, 7, 1, 2),
+        ("l4s2", 1, 256, 512, 7, 4, 3, 2), ("l4", 1, 512, 512, 4, 4, 3, 1),
+        ("l4down", 1, 256, 512, 7, 4, 1, 2))),
+    # ResNeXt-50 (32x4d, torchvision's: the stride on the grouped 3x3) at 224x224: its
+    # distinct layers, the grouped 3x3 ones with 4-32 channels per group (JAX_SETS only).
+    "resnext50": _descriptors("resnext50", (
+        ("conv1", 1, 3, 64, 224, 112, 7, 2),
+        ("l1.0.conv1", 1, 64, 128, 56, 56, 1, 1), ("l1.conv2", 32, 128, 128, 56, 56, 3, 1),
+        ("l1.conv3", 1, 128, 256, 56, 56, 1, 1), ("l1.0.down", 1, 64, 256, 56, 56, 1, 1),
+        ("l1.conv1", 1, 256, 128, 56, 56, 1, 1),
+        ("l2.0.conv1", 1, 256, 256, 56, 56, 1, 1), ("l2.0.conv2", 32, 256, 256, 56, 28, 3, 2),
+        ("l2.conv3", 1, 256, 512, 28, 28, 1, 1), ("l2.0.down", 1, 256, 512, 56, 28, 1, 2),
+        ("l2.conv1", 1, 512, 256, 28, 28, 1, 1), ("l2.conv2", 32, 256, 256, 28, 28, 3, 1),
+        ("l3.0.conv1", 1, 512, 512, 28, 28, 1, 1), ("l3.0.conv2", 32, 512, 512, 28, 14, 3, 2),
+        ("l3.conv3", 1, 512, 1024, 14, 14, 1, 1), ("l3.0.down", 1, 512, 1024, 28, 14, 1, 2),
+        ("l3.conv1", 1, 1024, 512, 14, 14, 1, 1), ("l3.conv2", 32, 512, 512, 14, 14, 3, 1),
+        ("l4.0.conv1", 1, 1024, 1024, 14, 14, 1, 1),
+        ("l4.0.conv2", 32, 1024, 1024, 14, 7, 3, 2),
+        ("l4.conv3", 1, 1024, 2048, 7, 7, 1, 1), ("l4.0.down", 1, 1024, 2048, 14, 7, 1, 2),
+        ("l4.conv1", 1, 2048, 1024, 7, 7, 1, 1), ("l4.conv2", 32, 1024, 1024, 7, 7, 3, 1))),
+}
+# The JAX benchmarks' sets: bench.py's and ResNeXt-50's (bench.py has the 3-D
+# ResNeXt-101 only).
+JAX_SETS: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    **SETS, "resnext50": ("(inline)", None)}
+
 
 # The tiny problem of the call-overhead measurement: 1x1, N=1, 4x4, 16 channels.
 TINY = ConvShape(name="tiny", groups=1, batch=1, in_channels=16, out_channels=16,
@@ -87,9 +119,10 @@ TINY = ConvShape(name="tiny", groups=1, batch=1, in_channels=16, out_channels=16
 
 def load_set(name: str, shapes_dir: Path, limit: int | None,
              layers: Sequence[str] = ()) -> list[ConvShape] | None:
-    """The forward convolutions of a shape set (None when its file is missing), only
-    those whose name contains one of `layers` when it is not empty."""
-    file, selection = SETS[name]
+    """The forward convolutions of a shape set (one of JAX_SETS, which holds SETS; None
+    when its file is missing), only those whose name contains one of `layers` when it
+    is not empty."""
+    file, selection = JAX_SETS[name]
     if name in INLINE:
         text = INLINE[name]
     elif name in BUNDLED:

@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from benchmarks import jax_ops, jax_train_step
+from benchmarks import jax_cases, jax_models, jax_ops, jax_train_step
 
 jax = pytest.importorskip("jax")
 
@@ -46,10 +46,10 @@ def test_ops_benchmark_writes_table_csv_and_json(tmp_path, capsys, layer, layout
         (f"mobilenet_v2:{layer}", op) for op in ("fwd", "data", "weights")]
     data_format = {"nhwc": "NXC", "nchw": "NCX"}[layout]
     for row in rows:
-        assert row["path"] == (f"convgrad {jax_ops.KERNELS[row['op']]} ({data_format}, "
+        assert row["path"] == (f"convgrad {jax_cases.KERNELS[row['op']]} ({data_format}, "
                                f"{'XIO' if layout == 'nhwc' else 'OIX'} weights)")
         assert row["convgrad_hlo"] == "1 convgrad"
-        assert float(row["max_rel_diff"]) < jax_ops.TOLERANCE[dtype]
+        assert float(row["max_rel_diff"]) < jax_cases.TOLERANCE[dtype]
         lax_ms, ours_ms = float(row["lax_ms"]), float(row["convgrad_ms"])
         assert lax_ms > 0 and ours_ms > 0
         assert float(row["ratio"]) == pytest.approx(lax_ms / ours_ms, rel=1e-3)
@@ -140,8 +140,8 @@ def test_train_step_benchmark_writes_table_csv_and_json(tmp_path, capsys):
 def test_models_have_torchvisions_layers_and_parameter_counts():
     """The full-size models: torchvision's convolution and parameter counts (BatchNorm's
     scale and bias counted, as torchvision's weight and bias)."""
-    for build, convolutions, parameters in ((jax_train_step.resnet18, 20, 11_689_512),
-                                            (jax_train_step.mobilenet_v2, 52, 3_504_872)):
+    for build, convolutions, parameters in ((jax_models.resnet18, 20, 11_689_512),
+                                            (jax_models.mobilenet_v2, 52, 3_504_872)):
         model = build()
         assert model.convolutions == convolutions
         assert sum(np.size(leaf) for leaf in jax.tree.leaves(model.params)) == parameters
