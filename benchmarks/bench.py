@@ -55,10 +55,9 @@ from benchmarks.cases import Row, merge_rounds, prepare, run_case
 from benchmarks.machine import ONEDNN_ISA, Peak, environment, limit_isa, machine_info
 from benchmarks.overheads import measure_cached_load, measure_call_overhead
 from benchmarks.reports import fmt, geomeans, plot, table, write_csv
-from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_set
+from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_sets
 from benchmarks.tensors import torch
 from benchmarks.timing import int_list
-from convgrad.codegen.layers import ConvShape
 from convgrad.cpu import available_isas, selected_isa
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results"
@@ -139,15 +138,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    sets = list(SETS) if args.set == "all" else [args.set]
-    shapes: list[tuple[str, ConvShape]] = []
-    for name in sets:
-        convs = load_set(name, args.shapes_dir, args.limit, args.layers)
-        if convs is None:
-            print(f"skipping set {name}: {args.shapes_dir / SETS[name][0]} not found",
-                  file=sys.stderr)
-            continue
-        shapes += [(name, conv) for conv in convs]
+    shapes = load_sets(list(SETS) if args.set == "all" else [args.set], args.shapes_dir,
+                       args.limit, args.layers)
     if not shapes:
         print("no shapes to run", file=sys.stderr)
         return 1

@@ -32,7 +32,7 @@ import convgrad
 from benchmarks.cases import Row, prepare, run_case
 from benchmarks.machine import Peak, environment, machine_info
 from benchmarks.reports import fmt
-from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_set
+from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_sets
 from benchmarks.tensors import torch
 from benchmarks.timing import geomean, int_list
 from convgrad.cpu import selected_isa
@@ -118,14 +118,7 @@ def summary(records: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    shapes = []
-    for name in args.sets:
-        convs = load_set(name, args.shapes_dir, args.limit, args.layers)
-        if convs is None:
-            print(f"skipping set {name}: its shape file is not in {args.shapes_dir}",
-                  file=sys.stderr)
-            continue
-        shapes += [(name, conv) for conv in convs]
+    shapes = load_sets(args.sets, args.shapes_dir, args.limit, args.layers)
     if not shapes:
         print("no shapes to run", file=sys.stderr)
         return 1

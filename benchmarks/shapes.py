@@ -10,6 +10,7 @@ DEFAULT_SHAPES_DIR (a set whose file is missing is skipped).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -141,6 +142,21 @@ def load_set(name: str, shapes_dir: Path, limit: int | None,
     if layers:
         convs = [c for c in convs if any(part in c.name for part in layers)]
     return convs[:limit] if limit else convs
+
+
+def load_sets(names: Sequence[str], shapes_dir: Path, limit: int | None,
+              layers: Sequence[str] = ()) -> list[tuple[str, ConvShape]]:
+    """(set, convolution) of every named set (load_set's arguments), saying on stderr
+    which sets are skipped for a missing shape file."""
+    shapes = []
+    for name in names:
+        convs = load_set(name, shapes_dir, limit, layers)
+        if convs is None:
+            print(f"skipping set {name}: {shapes_dir / JAX_SETS[name][0]} not found",
+                  file=sys.stderr)
+            continue
+        shapes += [(name, conv) for conv in convs]
+    return shapes
 
 
 def torch_dst(conv: ConvShape) -> tuple[int, ...]:
