@@ -43,7 +43,8 @@ PAD_MAX_ZEROS_PERCENT = 10
 # Every variant, one spec each: for any configuration and plan exactly one applies.
 SPECS: tuple[VariantSpec, ...] = (*DATA_SPECS, *WEIGHT_SPECS)
 _BY_VARIANT = {spec.variant: spec for spec in SPECS}
-assert set(_BY_VARIANT) == set(Variant), "one spec per variant"
+if len(_BY_VARIANT) != len(SPECS) or set(_BY_VARIANT) != set(Variant):
+    raise RuntimeError("SPECS: not one spec per variant")
 # Each variant's record of choices (codegen/choices.py).
 RECORDS: Mapping[Variant, type[Choices]] = MappingProxyType(
     {spec.variant: spec.record for spec in SPECS})
