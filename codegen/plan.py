@@ -10,9 +10,12 @@ the planner's rules. The rules live in one module per responsibility:
 - `rules_common`, `rules_data`, `rules_weights`, `rules_groups`, `rules_amx`: the
   rules of each kernel family, every constant beside the function that reads it;
 - `choices`: the typed record of derived choices of each kernel family (`Choices`);
-- `variants`: `resolve_plan`, the one resolution of a configuration and plan into a
-  `KernelPlan` (its `Variant`, the body template, and its family's record of every
-  derived choice), and the render context;
+- `variant`: `VariantSpec`, a variant whole (what it applies to, its rules, its record,
+  its tuning candidates), and the records of a resolved plan (`KernelPlan`);
+- `variants_data`, `variants_weights`: the specs of the data and weight variants;
+- `variants`: `SPECS`, and `resolve_plan`, the one resolution of a configuration and
+  plan into a `KernelPlan` (its spec, the body template, its family's record of every
+  derived choice and the kernel-wide values), and the render context;
 - `vendors`: where a CPU vendor's rules differ (`vendor_plan`);
 - `candidates`: the plans the tuner times.
 
@@ -29,8 +32,10 @@ from convgrad.codegen.plan_choices import (
     plan_key,
 )
 from convgrad.codegen.variants import (
+    SPECS,
     KernelPlan,
     Variant,
+    VariantSpec,
     compile_parts,
     render_context,
     resolve_plan,
@@ -38,6 +43,6 @@ from convgrad.codegen.variants import (
 )
 from convgrad.codegen.vendors import vendor_plan
 
-__all__ = ["EMPTY_PLAN", "PLAN_CHOICES", "Choices", "KernelPlan", "Variant", "candidates",
-           "check_plan", "compile_parts", "kernel_name", "plan_key", "render_context",
-           "resolve_plan", "small_problem_plan", "vendor_plan"]
+__all__ = ["EMPTY_PLAN", "PLAN_CHOICES", "SPECS", "Choices", "KernelPlan", "Variant",
+           "VariantSpec", "candidates", "check_plan", "compile_parts", "kernel_name",
+           "plan_key", "render_context", "resolve_plan", "small_problem_plan", "vendor_plan"]

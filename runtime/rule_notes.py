@@ -3,9 +3,10 @@ the constants that rule reads (`convgrad explain --notes`).
 
 The rules are pure functions of a configuration and a plan (codegen/rules_*.py); a
 variant's record (codegen/choices.py) gathers what some of them return. A choice is
-attributed to the rule of its variant (RULES, in the order variants._body consults
-them) that returns it with that value: a dict of choices, or one value under the
-rule's own name (`pad_columns_below`). The rest are the body's own (variants._body).
+attributed to the first of its variant's rules (VariantSpec.rules: RULES) that returns
+it with that value: a dict of choices, or one value under the rule's own name
+(`pad_columns_below`). The rest are the variant's own (BODY: its VariantSpec.fill); its
+fixed values (choices.fixed) are no derived choice.
 A rule's notes are the comment blocks above the module constants it reads, directly
 or through the module's private helpers: each carries the measurements that set it.
 """
@@ -22,28 +23,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from convgrad.codegen import rules_amx, rules_data, rules_groups, rules_weights
 from convgrad.codegen.config import KernelConfig
-from convgrad.codegen.plan import KernelPlan, Variant
+from convgrad.codegen.plan import SPECS, KernelPlan, Variant
 
 Rule = Callable[..., object]
 
-_WEIGHTS = (rules_weights.weight_tiles, rules_amx.amx_tiles)
-RULES: dict[Variant, tuple[Rule, ...]] = {
-    Variant.DIRECT: (rules_data.direct_tiles, rules_data.pointwise_ncx_tiles,
-                     rules_amx.amx_tiles, rules_data.band_bytes, rules_data.image_block_bytes,
-                     rules_data.pad_columns_below, rules_data.overlap_runs,
-                     rules_data.stream_min_bytes, rules_data.weight_packing),
-    Variant.COL2IM: (rules_data.col2im_tiles,),
-    Variant.ACROSS_GROUPS: (rules_data.direct_tiles, rules_groups.slide_rows,
-                            rules_data.pad_columns_below, rules_data.stream_min_bytes),
-    Variant.DEPTHWISE_WEIGHTS: (rules_groups.depthwise_weight_rows,),
-    Variant.GROUPED_WEIGHTS: (rules_groups.weights_across_groups,),
-    Variant.WEIGHTS_DOT: (rules_weights.dot_tiles,),
-    Variant.WEIGHTS_PACKED: _WEIGHTS, Variant.WEIGHTS_PAIRS: _WEIGHTS,
-    Variant.WEIGHTS_FLAT: _WEIGHTS, Variant.WEIGHTS: _WEIGHTS,
-}
-BODY = "variants._body"  # choices the variant's branch sets itself
+# The rules of each variant: its spec's (codegen/variant.py).
+RULES: Mapping[Variant, tuple[Rule, ...]] = types.MappingProxyType(
+    {spec.variant: spec.rules for spec in SPECS})
+BODY = "VariantSpec.fill"  # choices the variant's own code sets (no rule function)
 
 
 @dataclass(frozen=True)
@@ -57,6 +45,7 @@ class Note:
 
 
 def rule_name(rule: Rule) -> str:
+    """A rule's name as explain prints it: `module.function`."""
     return f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__name__}"
 
 
@@ -64,7 +53,7 @@ def attribute(config: KernelConfig, resolved: KernelPlan) -> dict[str, list[str]
     """{rule name: the choices of `resolved` it derived}, BODY's last."""
     left = dict(resolved.choices)
     found: dict[str, list[str]] = {}
-    for rule in RULES[resolved.variant]:
+    for rule in resolved.spec.rules:
         value = rule(config, resolved.overrides)
         given = value if isinstance(value, Mapping) else {rule.__name__: value}
         mine = [k for k, v in given.items() if k in left and _same(left[k], v)]
