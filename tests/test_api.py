@@ -13,14 +13,8 @@ import numpy as np
 import pytest
 from cases import DATA_OPS, DTYPES, SHAPE_NAMES, make_case
 from checks import assert_exact, run_case
-from forcing import (
-    forced_kernel,
-)
-from geometries import (
-    GEOMETRY,
-    GRID,
-    weights_formats,
-)
+from forcing import forced_kernel
+from geometries import GEOMETRY, GRID, weights_formats
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

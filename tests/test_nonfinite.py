@@ -10,10 +10,7 @@ import numpy as np
 import pytest
 from cases import DTYPES, make_case
 from checks import assert_equal_with_nans
-from forcing import (
-    HAS_AMX,
-    ISAS,
-)
+from forcing import HAS_AMX, ISAS
 
 import convgrad
 from convgrad.reference import OP_KINDS

@@ -11,9 +11,7 @@ from dataclasses import replace
 import pytest
 from cases import make_case
 from checks import problem_of
-from geometries import (
-    SWAPPED,
-)
+from geometries import SWAPPED
 
 from convgrad.codegen import KernelConfig
 

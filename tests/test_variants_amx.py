@@ -10,11 +10,7 @@ import numpy as np
 import pytest
 from cases import make_case, rotating
 from checks import assert_exact
-from forcing import (
-    HAS_AMX,
-    ISAS,
-    placed,
-)
+from forcing import HAS_AMX, ISAS, placed
 
 AMX_WEIGHTS = [("ConvolutionBackwardData", "XIO"), ("ConvolutionBackwardData", "OIX"),
                ("ConvolutionBackwardData", "OXI"), ("ConvTransposeBackwardData", "IOX"),

@@ -14,19 +14,8 @@ import numpy as np
 import pytest
 from cases import make_case, rotating
 from checks import assert_exact, run_case
-from forcing import (
-    AMX_OFF,
-    ISAS,
-    placed,
-    run_streamed,
-    run_with_plan,
-    taken,
-)
-from geometries import (
-    BF16_CHANNEL_PAIR_GEOMETRY,
-    COL2IM_GEOMETRY,
-    IMAGE_BLOCK_GEOMETRY,
-)
+from forcing import AMX_OFF, ISAS, placed, run_streamed, run_with_plan, taken
+from geometries import BF16_CHANNEL_PAIR_GEOMETRY, COL2IM_GEOMETRY, IMAGE_BLOCK_GEOMETRY
 
 from convgrad.codegen import KernelConfig
 from convgrad.codegen.plan import Variant

@@ -9,16 +9,8 @@ from __future__ import annotations
 import pytest
 from cases import make_case, rotating
 from checks import run_case
-from forcing import (
-    ISAS,
-    run_streamed,
-    run_with_plan,
-)
-from geometries import (
-    ALL_TAPS_GEOMETRY,
-    GROUP_LANES_GEOMETRY,
-    STREAM_GEOMETRY,
-)
+from forcing import ISAS, run_streamed, run_with_plan
+from geometries import ALL_TAPS_GEOMETRY, GROUP_LANES_GEOMETRY, STREAM_GEOMETRY
 
 from convgrad.codegen.plan import Variant
 

@@ -9,13 +9,8 @@ from __future__ import annotations
 import pytest
 from cases import TRANSPOSE, make_case, rotating
 from checks import run_case
-from forcing import (
-    ISAS,
-)
-from geometries import (
-    GEOMETRY,
-    GRID,
-)
+from forcing import ISAS
+from geometries import GEOMETRY, GRID
 
 from convgrad.codegen import KernelConfig
 from convgrad.reference import OP_KINDS

@@ -11,14 +11,7 @@ import numpy as np
 import pytest
 from cases import TRANSPOSE, make_case, rotating
 from checks import assert_exact, problem_of, run_case
-from forcing import (
-    AMX_OFF,
-    ISAS,
-    forced_kernel,
-    placed,
-    run_with_plan,
-    taken,
-)
+from forcing import AMX_OFF, ISAS, forced_kernel, placed, run_with_plan, taken
 from geometries import (
     BF16_PAIR_GEOMETRY,
     DOT_WEIGHT_GEOMETRY,
