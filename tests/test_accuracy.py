@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cases import make_case
-from test_ops import run_case
+from checks import run_case
 
 import convgrad
 from convgrad.reference import reference

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from cases import make_case
-from test_ops import forced_kernel
+from forcing import forced_kernel
 
 import convgrad
 from convgrad.codegen.plan import Variant

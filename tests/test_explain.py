@@ -99,22 +99,49 @@ def test_explain_ops_by_short_name_and_an_unknown_one(capsys):
     assert "unknown op kind(s) ['forward']" in capsys.readouterr().err
 
 
+# Configurations whose kernels carry the paths that a record's optional choices belong to
+# (LAYERS' carry neither): the AMX path (bf16, one group, channels in multiples of 32, on
+# avx512bf16; the planner needs no AMX CPU) and channels-first 1x1 tiles (NCX f32 1x1).
+CARRYING = [
+    (KernelConfig("bwd_data", (1, 1), (1, 1), (1, 1), 1, 64, 96, "NXC", "XIO", "bf16",
+                  "avx512bf16"), Variant.DIRECT),
+    (KernelConfig("bwd_weights", (3, 3), (1, 1), (1, 1), 1, 64, 96, "NXC", "XIO", "bf16",
+                  "avx512bf16"), Variant.WEIGHTS),
+    (KernelConfig("bwd_data", (1, 1), (1, 1), (1, 1), 1, 64, 256, "NCX", "XIO", "f32",
+                  "avx2"), Variant.DIRECT),
+]
+# An optional choice (a field that defaults to None) by its prefix: the record's flag
+# that says whether the kernel carries its path (codegen/choices.py).
+OPTIONAL_PATHS = {"amx_": "amx", "ncx_": "pointwise_ncx"}
+
+
 def test_each_variant_resolves_to_its_typed_record():
     """A resolved plan's choices are its family's frozen record: a choice the family does
-    not have, one missing or one of the wrong type is refused; choices that do not apply
-    (no AMX path here) are not among its keys."""
+    not have, one missing or one of the wrong type is refused. Its keys are every choice
+    the family always has (none left None, even where False or 0) and the optional
+    choices of exactly the paths the kernel carries (AMX, channels-first 1x1 tiles):
+    those of a path it does not carry are not among them."""
     import dataclasses
 
     from convgrad.codegen.choices import DirectChoices, WeightChoices
     from convgrad.codegen.variants import RECORDS
 
-    for layer, isa, variant in LAYERS:
-        config = layer.resolve().config.with_isa(isa)
+    carried = set()
+    for config, variant in [*((layer.resolve().config.with_isa(isa), variant)
+                              for layer, isa, variant in LAYERS), *CARRYING]:
         record = resolve_plan(config).choices
         assert type(record) is RECORDS[variant]
-        assert set(record) <= {f.name for f in dataclasses.fields(record)}
+        fields = dataclasses.fields(record)
+        always = {f.name for f in fields if f.default is dataclasses.MISSING}
+        optional = {f.name for f in fields} - always
+        paths = {name: OPTIONAL_PATHS[name[:name.index("_") + 1]] for name in optional}
+        applies = {name for name, flag in paths.items() if record[flag]}
+        assert set(record) == always | applies, config
+        assert all(record[name] == getattr(record, name) for name in record)
+        carried |= {paths[name] for name in applies}
         with pytest.raises(dataclasses.FrozenInstanceError):
             record.tiles = ()  # type: ignore[misc]
+    assert carried == set(OPTIONAL_PATHS.values())  # each path's choices present somewhere
     config = LAYERS[0][0].resolve().config.with_isa("avx2")
     choices = dict(resolve_plan(config).choices)
     assert "amx_pack" not in choices and not choices["amx"]

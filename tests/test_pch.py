@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from cases import make_case
-from test_ops import assert_exact
+from checks import assert_exact
 
 import convgrad
 from convgrad import cache, kernels, pch

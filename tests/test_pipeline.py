@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cases import make_case
-from test_ops import assert_exact
+from checks import assert_exact
 
 import convgrad
 from convgrad import aot, cache, kernels, pch

@@ -32,7 +32,7 @@ CHILD = textwrap.dedent("""
     import numpy as np
     from cases import DTYPES, make_case
     from convgrad.reference import OP_KINDS
-    from test_ops import run_case
+    from checks import run_case
     rng = np.random.default_rng({seed})
     done = 0
     while done < {count}:
@@ -69,7 +69,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     import sys
     sys.path.insert(0, {tests!r})
     from cases import make_case
-    from test_ops import run_case
+    from checks import run_case
     from convgrad.codegen.plan import Variant
     for op, channels, fmt, dtype in [
             ("ConvolutionBackwardWeights", (24, 20), "NXC", "f32"),
@@ -85,7 +85,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_case(case, num_threads=2)
         if dtype == "bf16":  # both plans, whichever the vendor's rules take
             import convgrad
-            from test_ops import run_with_plan
+            from forcing import run_with_plan
             pairs = convgrad.cpu.available_isas()[0] == "avx512bf16"  # vdpbf16ps
             for plan in ({{}}, {{"bf16_dot": 0}}):  # 3 input channels: flattened rows
                 weights = Variant.WEIGHTS_PAIRS if pairs and not plan else Variant.WEIGHTS_FLAT
@@ -105,12 +105,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                        in_channels=32, out_channels=64, batch=2, dtype="bf16",  # a src copy
                        attrs=dict(pads_begin=[2, 1, 1], pads_end=[1, 1, 0])),  # per depth
              num_threads=2)                                                    # tap
-    from test_ops import NCX_WEIGHT_GEOMETRY  # src read in its own order, merged runs
+    from geometries import NCX_WEIGHT_GEOMETRY  # src read in its own order, merged runs
     for geometry in NCX_WEIGHT_GEOMETRY.values():
         run_case(make_case("ConvolutionBackwardWeights", **geometry, in_channels=38,
                            out_channels=22, data_format="NCX"), num_threads=2)
     import convgrad  # chunks packed into panels (NCX f32: diff_dst transposed in registers)
-    from test_ops import PACKED_WEIGHT_GEOMETRY, run_with_plan
+    from forcing import run_with_plan
+    from geometries import PACKED_WEIGHT_GEOMETRY
     for name, fmt, dtype in (("3x3", "NXC", "f32"), ("1x1 strided", "NCX", "bf16"),
                              ("3d", "NCX", "f32"), ("pointwise", "NCX", "f32"),
                              ("3x3 dilated rows", "NXC", "f32")):
@@ -119,7 +120,8 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                       {{"packed": 1, "bf16_dot": 0}}, convgrad.cpu.available_isas()[0], 2,
                       optional=("bf16_dot",), variant=Variant.WEIGHTS_PACKED)
     import convgrad  # NCX bf16 pixel pairs transposed (vdpbf16ps: forced, Intel widens)
-    from test_ops import BF16_PAIR_GEOMETRY, run_with_plan
+    from forcing import run_with_plan
+    from geometries import BF16_PAIR_GEOMETRY
     if convgrad.cpu.available_isas()[0] == "avx512bf16":  # (pairs need vdpbf16ps)
         for geometry in BF16_PAIR_GEOMETRY.values():
             run_with_plan(make_case("ConvolutionBackwardWeights", **geometry, batch=2,
@@ -130,7 +132,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                                     batch=3, data_format=fmt, dtype="bf16"),
                           {{"amx": 0, "image_block_kb": 1}}, "avx512bf16", 2,
                           optional=("amx",), variant=Variant.WEIGHTS_PAIRS)
-    from test_ops import BF16_CHANNEL_PAIR_GEOMETRY  # and data gradients' channel pairs
+    from geometries import BF16_CHANNEL_PAIR_GEOMETRY  # and data gradients' channel pairs
     for geometry in BF16_CHANNEL_PAIR_GEOMETRY.values():
         run_with_plan(make_case("ConvolutionBackwardData", **geometry, batch=2,
                                 data_format="NCX", dtype="bf16"), {{"amx": 0}},
@@ -145,7 +147,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
         run_case(make_case("ConvTransposeBackwardData", spatial=(6, 7), kernel=(3, 3),  # or
                            in_channels=37, out_channels=70, batch=2,  # vector channels inner
                            weights_format=fmt), num_threads=2)
-    from test_ops import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
+    from geometries import SLICED_WEIGHT_GEOMETRY  # pixel slices, more threads than slices
     for name, fmt, dtype in (("1x1", "NXC", "f32"), ("3x3", "NCX", "f16")):
         run_case(make_case("ConvolutionBackwardWeights", **SLICED_WEIGHT_GEOMETRY[name],
                            data_format=fmt, dtype=dtype), num_threads=5)
@@ -155,7 +157,8 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     import sys
     sys.path.insert(0, {tests!r})
     from cases import make_case
-    from test_ops import run_case, run_with_plan
+    from checks import run_case
+    from forcing import run_with_plan
     from convgrad.codegen.plan import Variant
     # overlapping runs of each w tap (and, forced, padded columns instead); a dilated
     # narrow row cut at its edges (no tap reaches every column; 24% of the padded row's
@@ -209,7 +212,8 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                        in_channels=40, out_channels=40, groups=40,
                        attrs=dict(pads_begin=[1, 2], pads_end=[0, 1])), num_threads=2)
     import convgrad  # the pixel-dot plan of NCX weight gradients, forced
-    from test_ops import DOT_WEIGHT_GEOMETRY, run_with_plan
+    from forcing import run_with_plan
+    from geometries import DOT_WEIGHT_GEOMETRY
     for name in ("1x1", "3x3"):
         run_with_plan(make_case("ConvolutionBackwardWeights", **DOT_WEIGHT_GEOMETRY[name],
                                 data_format="NCX"), {{"ncx_dot": 1, "group_lanes": 0}},
@@ -224,13 +228,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                   variant=Variant.DEPTHWISE_WEIGHTS)
     # depthwise weights with every tap of a kd in registers, groups of one row (strides,
     # dilation, one-sided pads, a channel tail)
-    from test_ops import ALL_TAPS_GEOMETRY
+    from geometries import ALL_TAPS_GEOMETRY
     run_with_plan(make_case("ConvolutionBackwardWeights", **ALL_TAPS_GEOMETRY["strided"]),
                   {{"all_taps": 1, "row_group_kb": 1}}, convgrad.cpu.available_isas()[0], 2,
                   variant=Variant.DEPTHWISE_WEIGHTS)
     # across groups, an operand spread; 1x6: whole loads of partial vectors but in src's
     # last row
-    from test_ops import GROUP_LANES_GEOMETRY
+    from geometries import GROUP_LANES_GEOMETRY
     for name, fmt, dtype in (("3x2 1d", "NCX", "f16"), ("1x6", "NXC", "f32")):
         for op in ("ConvolutionBackwardWeights", "ConvolutionBackwardData"):
             run_case(make_case(op, **GROUP_LANES_GEOMETRY[name], data_format=fmt,
@@ -245,14 +249,15 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                   {{"pixel_sweep": 1}}, convgrad.cpu.available_isas()[0], 2,
                   variant=Variant.DEPTHWISE_WEIGHTS)
     # depthwise results stored past the caches (and, a float off a line, not)
-    from test_ops import STREAM_GEOMETRY, run_streamed
+    from forcing import run_streamed
+    from geometries import STREAM_GEOMETRY
     run_streamed(make_case("ConvolutionBackwardData", **STREAM_GEOMETRY["strided"], batch=2),
                  {{"stream_kb": 1}}, convgrad.cpu.available_isas()[0],
                  variant=Variant.ACROSS_GROUPS)
     # NCX data gradients a block of images at a time (one per thread; the last block
     # short), padded rows in the block's copy; and a band of rows at a time (one row, a
     # few rows cut short, padded rows in the band's copy)
-    from test_ops import IMAGE_BLOCK_GEOMETRY
+    from geometries import IMAGE_BLOCK_GEOMETRY
     for name, dtype in (("3x3 padded", "f32"), ("strided", "f32"), ("strided", "bf16")):
         run_with_plan(make_case("ConvolutionBackwardData", **IMAGE_BLOCK_GEOMETRY[name],
                                 batch=5, data_format="NCX", dtype=dtype),
@@ -267,7 +272,7 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
                       {{**plan, "col2im": 0}}, convgrad.cpu.available_isas()[0], 3,
                       optional=("col2im",), variant=Variant.DIRECT)
     # few result channels by col2im: row shares inside an image, dilated taps, edges
-    from test_ops import COL2IM_GEOMETRY
+    from geometries import COL2IM_GEOMETRY
     for name, fmt in (("conv1", "NXC"), ("1d", "NCX"), ("3d", "NXC")):
         run_with_plan(make_case("ConvolutionBackwardData", **COL2IM_GEOMETRY[name],
                                 data_format=fmt), {{"col2im": 1}},

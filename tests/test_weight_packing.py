@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 from cases import TRANSPOSE, make_case
-from test_ops import AMX_OFF, DTYPE_NAMES, ISAS, forced_kernel
+from checks import DTYPE_NAMES
+from forcing import AMX_OFF, ISAS, forced_kernel
 
 from convgrad.codegen.isa import VECTOR_LANES
 from convgrad.codegen.ops import resolve
