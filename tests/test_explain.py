@@ -131,7 +131,12 @@ def test_each_variant_resolves_to_its_typed_record():
                               for layer, isa, variant in LAYERS), *CARRYING]:
         record = resolve_plan(config).choices
         assert type(record) is RECORDS[variant]
-        fields = dataclasses.fields(record)
+        # a variant's fixed values (choices.fixed) are no choices: not keys, but values
+        # its templates read
+        fields = [f for f in dataclasses.fields(record) if f.init]
+        fixed = {f.name for f in dataclasses.fields(record) if not f.init}
+        assert not fixed & set(record)
+        assert fixed <= set(record.template_values())
         always = {f.name for f in fields if f.default is dataclasses.MISSING}
         optional = {f.name for f in fields} - always
         paths = {name: OPTIONAL_PATHS[name[:name.index("_") + 1]] for name in optional}
