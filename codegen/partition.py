@@ -88,6 +88,7 @@ class Split:
     unit: str  # what a task is
     asked: int
     tasks: tuple[int, ...]
+    detail: str = ""  # how the work is cut: the pieces the split deals out
 
     @property
     def shares(self) -> int:
@@ -109,9 +110,11 @@ class Split:
         return max(self.tasks) * self.shares / self.total if self.total else 1.0
 
     def __str__(self) -> str:
-        return (f"{self.asked} threads: {self.shares} shares of {self.total} tasks "
-                f"({self.unit}; {self.kind}), per thread {min(self.tasks)}-{max(self.tasks)}, "
-                f"largest/mean {self.imbalance:.3f}, {self.idle} idle")
+        capped = " (one per MIN_THREAD_FLOPS)" if self.shares < self.asked else ""
+        return (f"{self.asked}: {self.shares} shares{capped}, largest/mean "
+                f"{self.imbalance:.3f}, {min(self.tasks)}-{max(self.tasks)} of {self.total} "
+                f"tasks a share, {self.idle} idle ({self.kind} of {self.detail}; a task: one "
+                f"{self.unit})")
 
 
 # -- the split functions, as the C computes them ------------------------------------------
@@ -234,10 +237,13 @@ def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
             d, h, _ = z.write(config.family)
             per = [r * nvb for r in row_shares(batch * d * h, nt)]
         totals = [a + b for a, b in zip(totals, per, strict=True)]
+    calls = f" in {len(batches)} blocks of images" if len(batches) > 1 else ""
     if pointwise:
-        return Split("part_ranges", "(pixel block, group, vector block) items x chunks",
-                     nt, tuple(totals))
-    return Split("row_shares", "(output row, vector block) pairs", nt, tuple(totals))
+        return Split("part_ranges", "(pixel block, group, vector block) item", nt,
+                     tuple(totals), f"{blocks} blocks of {16 * c.tile_rows} pixels x "
+                     f"{config.groups} groups x {nvb} vector blocks, x {chunks} chunks{calls}")
+    return Split("row_shares", "(output row, vector block) pair", nt, tuple(totals),
+                 f"{z.batch * math.prod(z.write(config.family)[:2])} output rows{calls}")
 
 
 def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
@@ -274,8 +280,9 @@ def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split
     per_slice = ceil_div(ceil_div(rows, rule), count)
     chunk = ceil_div(rows, per_slice * count) if rows else rule
     chunks = ceil_div(rows, chunk)
-    return Split("slice_shares", "(diff_dst row, tile) pairs", nt,
-                 tuple(slice_shares(rows, chunk, chunks, count, tiles, nt)))
+    return Split("slice_shares", "(diff_dst row, tile) pair", nt,
+                 tuple(slice_shares(rows, chunk, chunks, count, tiles, nt)),
+                 f"{count} slices of {rows} rows ({chunks} chunks) x {tiles} tiles")
 
 
 def _depthwise_weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
@@ -296,7 +303,8 @@ def _depthwise_weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int
                  * ((pair % parts + 1) * nvb // parts - pair % parts * nvb // parts)
                  for pair in range(b, e))
              for b, e in part_ranges(blocks * parts, nt)]
-    return Split("part_ranges", "(diff_dst row, channel block) pairs", nt, tuple(tasks))
+    return Split("part_ranges", "(diff_dst row, channel block) pair", nt, tuple(tasks),
+                 f"{blocks} row blocks of {rows} rows x {parts} parts of {nvb} channel blocks")
 
 
 def _output_rows(kind: str):
@@ -305,7 +313,7 @@ def _output_rows(kind: str):
         rows = z.batch * d * h
         tasks = row_shares(rows, nt) if kind == "row_shares" else [
             e - b for b, e in part_ranges(rows, nt)]
-        return Split(kind, "output rows", nt, tuple(tasks))
+        return Split(kind, "output row", nt, tuple(tasks), f"{rows} output rows")
     return split
 
 
