@@ -439,6 +439,12 @@ def _add_explain_parser(commands) -> None:
                              "weights, fwd, tweights)")
     parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
+    parser.add_argument("--batch", type=int, default=None,
+                        help="batch of benchdnn layers (default: the file's mb)")
+    parser.add_argument("--threads", type=_thread_counts, default=(), metavar="N[,N...]",
+                        help="how the kernel's main parallel region splits the layer's work "
+                             "over N threads: tasks, per-thread least and most, the largest "
+                             "share over the mean, idle threads")
     parser.add_argument("--isa", default=None, choices=ISAS[::-1],
                         help="ISA path (default: the best this machine runs)")
     parser.add_argument("--vendor", default=None,
@@ -450,6 +456,16 @@ def _add_explain_parser(commands) -> None:
     parser.set_defaults(run=_explain)
 
 
+def _thread_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(n) for n in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"expected thread counts of at least 1: {text!r}")
+    return counts
+
+
 def _explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.op:
         if not args.inputs or len(args.inputs) not in (2, 3):
@@ -457,7 +473,8 @@ def _explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         layers = [Layer(args.op, tuple(args.inputs), args.attrs, args.dtype, args.op)]
     else:
         layers = aot.read_layers(args.layers, ops=_op_kinds(args.ops, parser),
-                                 dtype=args.dtype, data_format=args.data_format)
+                                 dtype=args.dtype, data_format=args.data_format,
+                                 batch=args.batch)
     if args.layer:
         layers = [layer for layer in layers if any(n in layer.name for n in args.layer)]
     if not layers:
@@ -465,7 +482,8 @@ def _explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         for layer in layers:
             print(explain_module.explain(layer, isa=args.isa, plan=args.plan,
-                                         vendor=args.vendor, with_notes=args.notes))
+                                         vendor=args.vendor, with_notes=args.notes,
+                                         threads=args.threads))
     except ValueError as error:
         parser.exit(2, f"convgrad explain: error: {error}\n")
     return 0

@@ -9,19 +9,22 @@ For each layer: the kernel's configuration and name, the plan (the rules', a ven
 rules or a given one) and where each of its choices came from, the variant (the body
 template) that plan resolves to, the plan choices that variant takes (any other
 override is an error), every choice the rules derived for its template, and the
-template files the kernel renders from.
+template files the kernel renders from. With `threads`, how the kernel's main parallel
+region splits the layer's work over each thread count (convgrad.codegen.partition):
+tasks, per-thread least and most, the largest share over the mean, idle threads.
 """
 
 from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from convgrad import rule_notes
 from convgrad.codegen import KernelConfig
 from convgrad.codegen.layers import Layer
+from convgrad.codegen.partition import NotModelled, Sizes, Split, split
 from convgrad.codegen.plan import (
     PLAN_CHOICES,
     KernelPlan,
@@ -49,6 +52,7 @@ class Explanation:
     problem_rules: tuple[str, ...] = ()  # rules_problem's, where they changed the kernel
     rules: Mapping[str, list[str]] = field(default_factory=dict)  # rule -> its choices
     notes: Mapping[str, list[Note]] = field(default_factory=dict)  # rule -> its constants
+    splits: tuple[Split | str, ...] = ()  # per thread count asked: the split, or why none
 
     def __str__(self) -> str:
         c = self.config
@@ -78,6 +82,10 @@ class Explanation:
                     f"{note.name} = {_short(note.value)} ({note.module}): "
                     f"{note.comment or '(no note)'}", width=100, initial_indent=" " * 15,
                     subsequent_indent=" " * 17, break_on_hyphens=False))
+        for index, entry in enumerate(self.splits):
+            lines.append(textwrap.fill(str(entry), width=100,
+                                       initial_indent=f"  {'threads' if not index else '':<10} ",
+                                       subsequent_indent=" " * 15, break_on_hyphens=False))
         return "\n".join(lines)
 
 
@@ -87,12 +95,14 @@ def _short(value: object) -> str:
 
 
 def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | None = None,
-            vendor: str | None = None, with_notes: bool = False) -> Explanation:
+            vendor: str | None = None, with_notes: bool = False,
+            threads: Sequence[int] = ()) -> Explanation:
     """The kernel `layer` runs on the `isa` path (default this CPU's), with `plan` if
     given, else the rules' plan for a CPU of `vendor` (default this CPU's, whose
     features also decide whether the kernel carries an AMX path). Each derived choice is
     attributed to the rule that set it; `with_notes` adds the measured notes of the
-    constants each rule reads."""
+    constants each rule reads; `threads` adds the main region's split over each of those
+    thread counts at the layer's sizes."""
     problem = layer.resolve()
     asked = isa or selected_isa()
     config = problem.config.with_isa(asked)
@@ -121,5 +131,13 @@ def explain(layer: Layer, *, isa: str | None = None, plan: Mapping[str, int] | N
     by_name = {rule_notes.rule_name(r): r for r in rule_notes.RULES[resolved.variant]}
     noted = {name: rule_notes.notes(by_name[name]) for name in attributed
              if with_notes and name in by_name}
+    splits = tuple(_split(config, problem, n, chosen) for n in threads)
     return Explanation(layer, config, dict(chosen), source, resolved,
-                       templates_of(config, chosen), tuple(rules), attributed, noted)
+                       templates_of(config, chosen), tuple(rules), attributed, noted, splits)
+
+
+def _split(config: KernelConfig, problem, threads: int, plan: Mapping[str, int]) -> Split | str:
+    try:
+        return split(config, Sizes.of(problem), threads, plan)
+    except NotModelled as why:
+        return f"{threads}: not modelled ({why})"

@@ -1,0 +1,346 @@
+"""How a kernel's main parallel region splits its work over N threads, computed from its
+resolved plan and a call's sizes (`convgrad explain --threads N`).
+
+Every parallel region of a kernel is `run_shares(threads, fn, job)` (fn computes share t
+of nt itself) or `run_ranges(threads, count, fn, job)` (`part_range`'s contiguous ranges;
+templates/parallel.h.j2). This module mirrors, in Python, the C arithmetic of the region
+that does a kernel's multiply-adds (its *main region*; the copies and packing before it
+are not counted), one function per kind of split, chosen by the plan's variant:
+
+- `row_shares`: output rows `rows * t / nt` (direct.c.j2's row_shares.h.j2, col2im.c.j2);
+- `part_ranges`: `part_range` over a count of items (the 1x1 direct kernels' blocks of
+  pixels, depthwise.c.j2's rows, depthwise_weights.c.j2's (row block, channel part) pairs);
+- `slice_shares`: weight_slices.h.j2's `thread_share`: whole pixel slices while there are
+  as many as threads, else the threads of one slice split its tiles.
+
+A *task* is the unit each split counts, the same the kernels' test hook counts
+(`TRACE_TASKS` in templates/parallel.h.j2, compiled in under -DCONVGRAD_TRACE_TASKS):
+(output row, vector block) pairs for direct kernels' rows, (pixel block, group, vector
+block) items of 1x1 kernels per chunk of reduced channels, output rows for col2im and
+depthwise data kernels, (diff_dst row, tile) pairs for weight gradients and (row,
+channel block) pairs for depthwise weight gradients. Tasks of one kernel are of near
+equal cost, so the largest share over the mean is how much longer the slowest thread
+runs than a perfect split would.
+
+    >>> from convgrad.codegen.layers import Layer
+    >>> layer = Layer("ConvolutionBackwardData", ((32, 56, 56, 64), (3, 3, 64, 64)),
+    ...               {"pads_begin": 1, "pads_end": 1})
+    >>> print(split_of(layer.resolve(), 16, isa="avx512"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from convgrad.codegen.config import KernelConfig
+from convgrad.codegen.isa import VECTOR_LANES
+from convgrad.codegen.ops import Problem
+from convgrad.codegen.rules_groups import min_thread_flops
+from convgrad.codegen.variants import KernelPlan, Variant, resolve_plan
+
+
+class NotModelled(ValueError):
+    """The kernel's main region takes a path this module does not model (yet)."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A call's run-time sizes as the kernel reads them (kernel.c.j2's sizes_t): 3-D,
+    absent leading axes 1."""
+
+    batch: int
+    id: int
+    ih: int
+    iw: int
+    od: int
+    oh: int
+    ow: int
+    pd: int = 0
+    ph: int = 0
+    pw: int = 0
+
+    @classmethod
+    def of(cls, problem: Problem) -> Sizes:
+        pad = 3 - problem.config.rank
+        src = (1,) * pad + tuple(problem.src_spatial)
+        dst = (1,) * pad + tuple(problem.dst_spatial)
+        pads = (0,) * pad + tuple(problem.pads_begin)
+        return cls(problem.batch, *src, *dst, *pads)
+
+    def read(self, family: str) -> tuple[int, int, int]:
+        """read_extent: the spatial sizes a data kernel's tiles read."""
+        return (self.od, self.oh, self.ow) if family == "bwd_data" else (self.id, self.ih, self.iw)
+
+    def write(self, family: str) -> tuple[int, int, int]:
+        """write_extent: the spatial sizes a data kernel writes."""
+        return (self.id, self.ih, self.iw) if family == "bwd_data" else (self.od, self.oh, self.ow)
+
+
+@dataclass(frozen=True)
+class Split:
+    """The main region's split of one call over `asked` threads: `tasks[t]` for each of
+    the `shares` the kernel runs (fewer than asked for a small layer: one per
+    MIN_THREAD_FLOPS)."""
+
+    kind: str  # the split function: row_shares, part_ranges or slice_shares
+    unit: str  # what a task is
+    asked: int
+    tasks: tuple[int, ...]
+    detail: str = ""  # how the work is cut: the pieces the split deals out
+
+    @property
+    def shares(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def total(self) -> int:
+        return sum(self.tasks)
+
+    @property
+    def idle(self) -> int:
+        """Threads asked for that run no task: shares without any, and those the small
+        layer's cap leaves out."""
+        return self.asked - sum(1 for t in self.tasks if t)
+
+    @property
+    def imbalance(self) -> float:
+        """The largest share over the mean of the shares run (1.0: a perfect split)."""
+        return max(self.tasks) * self.shares / self.total if self.total else 1.0
+
+    def __str__(self) -> str:
+        capped = " (one per MIN_THREAD_FLOPS)" if self.shares < self.asked else ""
+        return (f"{self.asked}: {self.shares} shares{capped}, largest/mean "
+                f"{self.imbalance:.3f}, {min(self.tasks)}-{max(self.tasks)} of {self.total} "
+                f"tasks a share, {self.idle} idle ({self.kind} of {self.detail}; a task: one "
+                f"{self.unit})")
+
+
+# -- the split functions, as the C computes them ------------------------------------------
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def row_shares(rows: int, nt: int) -> list[int]:
+    """Rows per share of `rows * t / nt` (row_shares.h.j2, col2im.c.j2)."""
+    return [rows * (t + 1) // nt - rows * t // nt for t in range(nt)]
+
+
+def part_ranges(count: int, nt: int) -> list[tuple[int, int]]:
+    """parallel.h.j2's part_range: the first count % nt ranges hold one item more."""
+    size, extra = divmod(count, nt)
+    ranges = []
+    for t in range(nt):
+        begin = t * size + min(t, extra)
+        ranges.append((begin, begin + size + (t < extra)))
+    return ranges
+
+
+def thread_share(t: int, nt: int, count: int, tiles: int) -> tuple[int, int, int, int]:
+    """weight_slices.h.j2's thread_share: slices [s0, s1) and tiles [tile0, tile1)."""
+    if nt <= count:
+        return count * t // nt, count * (t + 1) // nt, 0, tiles
+    s = t * count // nt
+    first, last = ceil_div(s * nt, count), ceil_div((s + 1) * nt, count)
+    return (s, s + 1, tiles * (t - first) // (last - first),
+            tiles * (t - first + 1) // (last - first))
+
+
+def slice_shares(rows: int, chunk: int, chunks: int, count: int, tiles: int,
+                 nt: int) -> list[int]:
+    """(diff_dst row, tile) pairs per share of a weight gradient over `count` slices of
+    `chunks` chunks of `chunk` rows (weight_compute.h.j2, bwd_weights_packed.c.j2)."""
+    tasks = []
+    for t in range(nt):
+        s0, s1, tile0, tile1 = thread_share(t, nt, count, tiles)
+        slice_rows = sum(min(c * chunk + chunk, rows) - c * chunk
+                         for s in range(s0, s1)
+                         for c in range(chunks * s // count, chunks * (s + 1) // count))
+        tasks.append(slice_rows * (tile1 - tile0))
+    return tasks
+
+
+# -- a kernel's sizes and threads ---------------------------------------------------------
+
+def regroups_pixels(config: KernelConfig) -> bool:
+    """variants.render_context's regroup_pixels: a 1x1 stride-1 NXC weight gradient,
+    whose read_dims regroups the batch's pixels into long rows."""
+    return (config.family == "bwd_weights" and config.data_format == "NXC"
+            and not config.depthwise and config.pointwise)
+
+
+def call_sizes(config: KernelConfig, sizes: Sizes, threads: int) -> tuple[Sizes, int]:
+    """read_dims (kernel.c.j2): the sizes the body sees (a 1x1 weight gradient's pixels
+    regrouped into rows of an even width) and its shares, one per MIN_THREAD_FLOPS of
+    multiply-adds at most."""
+    z = sizes
+    if regroups_pixels(config):
+        pixels = z.batch * z.id * z.ih * z.iw
+        if (z.pd == z.ph == z.pw == 0 and (z.id, z.ih, z.iw) == (z.od, z.oh, z.ow)
+                and pixels > 0 and pixels % 2 == 0):
+            width = 64
+            while pixels % width:
+                width -= 2
+            if width >= 8:
+                z = replace(z, batch=1, id=1, od=1, ih=pixels // width, oh=pixels // width,
+                            iw=width, ow=width)
+    shares = max(1, threads)
+    flops = (2.0 * z.batch * (z.od * z.oh * z.ow) * config.groups * config.cin_per_group
+             * config.cout_per_group * math.prod(config.kernel))
+    useful = flops / float(min_thread_flops(config))
+    if useful < shares:
+        shares = 1 if useful < 1.0 else int(useful)
+    return z, shares
+
+
+# -- the main region of each variant ------------------------------------------------------
+
+def _vectors(channels: int, config: KernelConfig, block: int) -> int:
+    """Vector blocks of `block` vectors over `channels` (NVB)."""
+    return ceil_div(ceil_div(channels, VECTOR_LANES[config.isa]), block)
+
+
+def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
+    c = plan.choices
+    if c.amx or c.band_bytes or c.pointwise_ncx:
+        raise NotModelled(f"{plan.variant.value}: the AMX path, bands of rows and "
+                          "channels-first 1x1 tiles are not modelled")
+    bwd = config.family == "bwd_data"
+    cr = config.cout_per_group if bwd else config.cin_per_group
+    cv = config.cin_per_group if bwd else config.cout_per_group
+    out_c = config.groups * cv
+    nvb = _vectors(cv, config, c.vec_block)
+    # data_entry.c.j2: blocks of images (image_block), each one call of compute()
+    batches = [z.batch]
+    if c.image_block_bytes:
+        read, write = z.read(config.family), z.write(config.family)
+        in_c = config.groups * cr
+        copied = config.dtype != "f32" or config.data_format != "NXC"  # pack_data
+        per_image = 4 * (math.prod(read) * in_c * copied + math.prod(write) * out_c)
+        weight_bytes = config.groups * nvb * math.prod(config.kernel) * cr * c.vec_block \
+            * VECTOR_LANES[config.isa] * 4
+        if 2 * weight_bytes <= per_image:
+            block = min((c.image_block_bytes // per_image if per_image < c.image_block_bytes
+                         else 1) * nt, z.batch)
+            batches = [min(block, z.batch - n0) for n0 in range(0, z.batch, block)]
+    totals = [0] * nt
+    pointwise = c.pointwise and z.pd == z.ph == z.pw == 0 and (z.id, z.ih, z.iw) == (
+        z.od, z.oh, z.ow)
+    for batch in batches:
+        if pointwise:  # pointwise.h.j2: one run_ranges per chunk of reduced channels
+            blocks = ceil_div(batch * z.od * z.oh * z.ow, 16 * c.tile_rows)  # POINT_BLOCK
+            chunks = ceil_div(cr, c.reduce_chunk)
+            per = [(e - b) * chunks for b, e in part_ranges(blocks * config.groups * nvb, nt)]
+        else:
+            d, h, _ = z.write(config.family)
+            per = [r * nvb for r in row_shares(batch * d * h, nt)]
+        totals = [a + b for a, b in zip(totals, per, strict=True)]
+    calls = f" in {len(batches)} blocks of images" if len(batches) > 1 else ""
+    if pointwise:
+        return Split("part_ranges", "(pixel block, group, vector block) item", nt,
+                     tuple(totals), f"{blocks} blocks of {16 * c.tile_rows} pixels x "
+                     f"{config.groups} groups x {nvb} vector blocks, x {chunks} chunks{calls}")
+    return Split("row_shares", "(output row, vector block) pair", nt, tuple(totals),
+                 f"{z.batch * math.prod(z.write(config.family)[:2])} output rows{calls}")
+
+
+def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
+    c = plan.choices
+    if c.amx:
+        raise NotModelled("the AMX path is not modelled")
+    vl = VECTOR_LANES[config.isa]
+    nvb = _vectors(config.cout_per_group, config, c.vec_block)
+    kd, kh, kw = (1,) * (3 - config.rank) + config.kernel
+    sd, sh, _ = (1,) * (3 - config.rank) + config.strides
+    cin, cout = config.groups * config.cin_per_group, config.groups * config.cout_per_group
+    if plan.variant is Variant.WEIGHTS_FLAT:
+        rows_per_tile_group, tap_groups = kw * config.cin_per_group, kd * kh
+    else:
+        rows_per_tile_group, tap_groups = config.cin_per_group, kd * kh * kw
+    nrb = ceil_div(rows_per_tile_group, c.tile_rows)
+    tiles = config.groups * tap_groups * nrb * nvb
+    # chunk_rule_rows: diff_dst rows per chunk by the rule
+    if c.chunk_pixels:
+        rule = 1 if z.ow >= c.chunk_pixels else c.chunk_pixels // z.ow
+    else:
+        if plan.variant is Variant.WEIGHTS_PACKED:
+            columns = z.ow if kw == 1 else z.iw
+            row_bytes = 4 * (z.ow * nvb * c.vec_block * vl + kd * kh * columns * nrb * c.tile_rows)
+        else:
+            row_bytes = 4 * (z.ow * cout + sh * sd * z.iw * cin)
+        rule = 1 if row_bytes >= c.chunk_bytes else c.chunk_bytes // row_bytes
+    rows = z.batch * z.od * z.oh
+    # weight_slices.h.j2: slices(), rows_per_chunk(), chunk_count()
+    most = min(z.batch * z.od * z.oh * z.ow // c.slice_min_pixels, ceil_div(rows, rule))
+    count = c.max_slices
+    while count > 1 and count > most:
+        count //= 2
+    per_slice = ceil_div(ceil_div(rows, rule), count)
+    chunk = ceil_div(rows, per_slice * count) if rows else rule
+    chunks = ceil_div(rows, chunk)
+    return Split("slice_shares", "(diff_dst row, tile) pair", nt,
+                 tuple(slice_shares(rows, chunk, chunks, count, tiles, nt)),
+                 f"{count} slices of {rows} rows ({chunks} chunks) x {tiles} tiles")
+
+
+def _depthwise_weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
+    # row_blocks.h.j2: block_count and block_first; depthwise_weights.c.j2's compute()
+    rows = z.batch * z.od * z.oh
+    per_block = ceil_div(512, z.ow)  # MIN_BLOCK_PIXELS
+    blocks = min(ceil_div(rows, per_block), 64)  # MAX_BLOCKS
+    if blocks > 1:
+        blocks = ceil_div(blocks, 4) * 4  # BLOCK_MULTIPLE
+    blocks = min(blocks, rows)
+    nvb = _vectors(config.groups, config, plan.choices.vec_block)
+    parts = 1 if blocks >= nt else (nvb if nvb < nt else nt)
+
+    def first(b: int) -> int:
+        return b * (rows // blocks) + min(b, rows % blocks) if blocks else 0
+
+    tasks = [sum((first(pair // parts + 1) - first(pair // parts))
+                 * ((pair % parts + 1) * nvb // parts - pair % parts * nvb // parts)
+                 for pair in range(b, e))
+             for b, e in part_ranges(blocks * parts, nt)]
+    return Split("part_ranges", "(diff_dst row, channel block) pair", nt, tuple(tasks),
+                 f"{blocks} row blocks of {rows} rows x {parts} parts of {nvb} channel blocks")
+
+
+def _output_rows(kind: str):
+    def split(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
+        d, h, _ = z.write(config.family)
+        rows = z.batch * d * h
+        tasks = row_shares(rows, nt) if kind == "row_shares" else [
+            e - b for b, e in part_ranges(rows, nt)]
+        return Split(kind, "output row", nt, tuple(tasks), f"{rows} output rows")
+    return split
+
+
+MAIN_REGIONS = {
+    Variant.DIRECT: _direct,
+    Variant.COL2IM: _output_rows("row_shares"),
+    Variant.ACROSS_GROUPS: _output_rows("part_ranges"),
+    Variant.WEIGHTS: _weights,
+    Variant.WEIGHTS_FLAT: _weights,
+    Variant.WEIGHTS_PACKED: _weights,
+    Variant.DEPTHWISE_WEIGHTS: _depthwise_weights,
+}
+
+
+def split(config: KernelConfig, sizes: Sizes, threads: int,
+          plan: Mapping[str, int] | None = None) -> Split:
+    """The main region's split of a call of the kernel of `config` (and `plan`, default
+    the rules') with `sizes` on `threads` threads. NotModelled for the variants and
+    paths not mirrored here (AMX, NCX bands of rows and 1x1 channels-first tiles, the
+    grouped, dot-product and bf16-pair weight gradients)."""
+    resolved = resolve_plan(config, plan)
+    region = MAIN_REGIONS.get(resolved.variant)
+    if region is None:
+        raise NotModelled(f"the {resolved.variant.name.lower()} variant "
+                          f"({resolved.variant.value}) is not modelled")
+    if resolved.bf16_dot:
+        raise NotModelled("bf16 pairs (vdpbf16ps) are not modelled")
+    z, shares = call_sizes(config, sizes, threads)
+    result = region(config, resolved, z, shares)
+    return replace(result, asked=max(1, threads))
