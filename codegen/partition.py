@@ -138,14 +138,23 @@ def part_ranges(count: int, nt: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def point_block(pixels: int, tile: int, items_per_block: int, nt: int) -> int:
+    """pointwise.h.j2's point_block: 16 tiles of pixels, on more than one thread halved
+    while the threads would get fewer than 4 (block, group, vector block) items each,
+    down to one tile."""
+    block = 16 * tile
+    while nt > 1 and block > tile and ceil_div(pixels, block) * items_per_block < 4 * nt:
+        block //= 2
+    return block
+
+
 def thread_share(t: int, nt: int, count: int, tiles: int) -> tuple[int, int, int, int]:
-    """weight_slices.h.j2's thread_share: slices [s0, s1) and tiles [tile0, tile1)."""
-    if nt <= count:
-        return count * t // nt, count * (t + 1) // nt, 0, tiles
-    s = t * count // nt
-    first, last = ceil_div(s * nt, count), ceil_div((s + 1) * nt, count)
-    return (s, s + 1, tiles * (t - first) // (last - first),
-            tiles * (t - first + 1) // (last - first))
+    """weight_slices.h.j2's thread_share: slices [s0, s1), the first one's tiles from
+    tile0, the last one's before tile1 (part_range over count x tiles items)."""
+    begin, end = part_ranges(count * tiles, nt)[t]
+    if begin == end:
+        return 0, 0, 0, 0
+    return begin // tiles, (end - 1) // tiles + 1, begin % tiles, (end - 1) % tiles + 1
 
 
 def slice_shares(rows: int, chunk: int, chunks: int, count: int, tiles: int,
@@ -155,10 +164,12 @@ def slice_shares(rows: int, chunk: int, chunks: int, count: int, tiles: int,
     tasks = []
     for t in range(nt):
         s0, s1, tile0, tile1 = thread_share(t, nt, count, tiles)
-        slice_rows = sum(min(c * chunk + chunk, rows) - c * chunk
-                         for s in range(s0, s1)
-                         for c in range(chunks * s // count, chunks * (s + 1) // count))
-        tasks.append(slice_rows * (tile1 - tile0))
+        total = 0
+        for s in range(s0, s1):
+            own = (tile1 if s == s1 - 1 else tiles) - (tile0 if s == s0 else 0)
+            total += own * sum(min(c * chunk + chunk, rows) - c * chunk
+                               for c in range(chunks * s // count, chunks * (s + 1) // count))
+        tasks.append(total)
     return tasks
 
 
@@ -230,7 +241,9 @@ def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
         z.od, z.oh, z.ow)
     for batch in batches:
         if pointwise:  # pointwise.h.j2: one run_ranges per chunk of reduced channels
-            blocks = ceil_div(batch * z.od * z.oh * z.ow, 16 * c.tile_rows)  # POINT_BLOCK
+            pixels = batch * z.od * z.oh * z.ow
+            block = point_block(pixels, c.tile_rows, config.groups * nvb, nt)
+            blocks = ceil_div(pixels, block)
             chunks = ceil_div(cr, c.reduce_chunk)
             per = [(e - b) * chunks for b, e in part_ranges(blocks * config.groups * nvb, nt)]
         else:
@@ -240,7 +253,7 @@ def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
     calls = f" in {len(batches)} blocks of images" if len(batches) > 1 else ""
     if pointwise:
         return Split("part_ranges", "(pixel block, group, vector block) item", nt,
-                     tuple(totals), f"{blocks} blocks of {16 * c.tile_rows} pixels x "
+                     tuple(totals), f"{blocks} blocks of {block} pixels x "
                      f"{config.groups} groups x {nvb} vector blocks, x {chunks} chunks{calls}")
     return Split("row_shares", "(output row, vector block) pair", nt, tuple(totals),
                  f"{z.batch * math.prod(z.write(config.family)[:2])} output rows{calls}")
