@@ -157,7 +157,7 @@ def _add_aot_parser(commands) -> None:
 
 
 def _shape(text: str) -> tuple[int, ...]:
-    """An --input-shape: comma-separated positive sizes."""
+    """An --input-shape, --inputs or --threads value: comma-separated positive integers."""
     try:
         shape = tuple(int(size) for size in text.split(","))
     except ValueError:
@@ -441,29 +441,17 @@ def _add_explain_parser(commands) -> None:
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
     parser.add_argument("--batch", type=int, default=None,
                         help="batch of benchdnn layers (default: the file's mb)")
-    parser.add_argument("--threads", type=_thread_counts, default=(), metavar="N[,N...]",
-                        help="how the kernel's main parallel region splits the layer's work "
-                             "over N threads: tasks, per-thread least and most, the largest "
-                             "share over the mean, idle threads")
+    parser.add_argument("--threads", type=_shape, default=(), metavar="N[,N...]",
+                        help="how the kernel's main parallel region splits the work over N "
+                             "threads: tasks a thread, the largest share over the mean")
     parser.add_argument("--isa", default=None, choices=ISAS[::-1],
                         help="ISA path (default: the best this machine runs)")
-    parser.add_argument("--vendor", default=None,
-                        help="the rules for a CPU of this vendor (GenuineIntel, "
-                             "AuthenticAMD; default: this CPU's)")
+    parser.add_argument("--vendor", default=None, help="the rules for a CPU of this vendor "
+                        "(GenuineIntel, AuthenticAMD; default: this CPU's)")
     parser.add_argument("--plan", type=json.loads, default=None, metavar="JSON",
                         help="a plan to resolve instead of the rules' (an override the "
                              "variant does not take is an error)")
     parser.set_defaults(run=_explain)
-
-
-def _thread_counts(text: str) -> tuple[int, ...]:
-    try:
-        counts = tuple(int(n) for n in text.split(","))
-    except ValueError:
-        counts = ()
-    if not counts or any(n < 1 for n in counts):
-        raise argparse.ArgumentTypeError(f"expected thread counts of at least 1: {text!r}")
-    return counts
 
 
 def _explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
