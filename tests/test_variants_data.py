@@ -220,6 +220,21 @@ def test_pointwise_results_stream_past_the_caches(isa, geometry, op):
     run_streamed(case, plan, isa, variant=Variant.DIRECT)
 
 
+def _ncx_data_case(op, geometry, dtype, isa, *, seed):
+    """An NCX case of IMAGE_BLOCK_GEOMETRY at batch 5: the case, its problem, its
+    configuration on `isa` and the plan that keeps it off col2im where these few result
+    channels would take it."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.rules_data import col2im_eligible
+
+    case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
+                     dtype=dtype, seed=seed)
+    a, b = case.inputs[:2]
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
+    config = problem.config.with_isa(isa)
+    return case, problem, config, {"col2im": 0} if col2im_eligible(config) else {}
+
+
 @pytest.mark.parametrize("isa,op,dtype,geometry", [  # three geometries each, rotating
     (isa, op, dtype, geometry) for i, (isa, (op, dtype)) in enumerate(
         (isa, pair) for isa in ISAS
@@ -234,15 +249,8 @@ def test_ncx_data_gradients_in_blocks_of_images(isa, geometry, op, dtype):
     bf16 on the avx512bf16 path: its input copied as pairs (elsewhere widened as f16).
     (direct.c.j2's: where these few result channels would take col2im, forced off.)"""
     from convgrad import kernels
-    from convgrad.codegen.ops import resolve
-    from convgrad.codegen.rules_data import col2im_eligible
 
-    case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
-                     dtype=dtype, seed=17)
-    a, b = case.inputs[:2]
-    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
-    config = problem.config.with_isa(isa)
-    direct = {"col2im": 0} if col2im_eligible(config) else {}
+    case, problem, config, direct = _ncx_data_case(op, geometry, dtype, isa, seed=17)
     # (bands of rows: 1-D and 2-D layers only)
     blocks = taken(config, {"band_kb": 0, "image_block_kb": 1, **direct}, ("band_kb",))
     whole = taken(config, {"band_kb": 0, "image_block_kb": 0, **direct}, ("band_kb",))
@@ -272,15 +280,10 @@ def test_ncx_data_gradients_in_bands_of_rows(isa, geometry, op, dtype):
     the bands and the threads (each result row is summed in the same order).
     (direct.c.j2's: col2im off.)"""
     from convgrad import kernels
-    from convgrad.codegen.ops import resolve
-    from convgrad.codegen.rules_data import band_bytes, col2im_eligible
+    from convgrad.codegen.rules_data import band_bytes
 
-    case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
-                     dtype=dtype, seed=19)
+    case, problem, config, direct = _ncx_data_case(op, geometry, dtype, isa, seed=19)
     a, b = case.inputs[:2]
-    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
-    config = problem.config.with_isa(isa)
-    direct = {"col2im": 0} if col2im_eligible(config) else {}
     plans = [{"band_kb": 1, **direct}, {"band_kb": 3, **direct},
              {"band_kb": 1, "pad_columns": 1, "overlap_runs": 0, **direct}]
     whole = {"band_kb": 0, "image_block_kb": 0, **direct}
