@@ -95,11 +95,6 @@ class Peak:
         return best / 1e9
 
 
-def measure_peak(isa: str, seconds: float = 0.05, runs: int = 7) -> float:
-    """Single-thread f32 GFLOP/s of independent FMA chains (best of `runs`)."""
-    return Peak(isa).measure(seconds, runs)
-
-
 def pin(threads: int) -> list[int]:
     """Restricts this process to the first `threads` CPUs it may run on (as taskset
     does); those CPUs."""

@@ -10,8 +10,8 @@ are not counted), one function per kind of split, chosen by the plan's variant:
 - `row_shares`: output rows `rows * t / nt` (direct.c.j2's row_shares.h.j2, col2im.c.j2);
 - `part_ranges`: `part_range` over a count of items (the 1x1 direct kernels' blocks of
   pixels, depthwise.c.j2's rows, depthwise_weights.c.j2's (row block, channel part) pairs);
-- `slice_shares`: weight_slices.h.j2's `thread_share`: whole pixel slices while there are
-  as many as threads, else the threads of one slice split its tiles.
+- `slice_shares`: weight_slices.h.j2's `thread_share`: `part_range` over the (pixel
+  slice, tile) items, numbered slice by slice (shares start and end inside slices).
 
 A *task* is the unit each split counts, the same the kernels' test hook counts
 (`TRACE_TASKS` in templates/parallel.h.j2, compiled in under -DCONVGRAD_TRACE_TASKS):
@@ -148,10 +148,9 @@ def point_block(pixels: int, tile: int, items_per_block: int, nt: int) -> int:
     return block
 
 
-def thread_share(t: int, nt: int, count: int, tiles: int) -> tuple[int, int, int, int]:
-    """weight_slices.h.j2's thread_share: slices [s0, s1), the first one's tiles from
-    tile0, the last one's before tile1 (part_range over count x tiles items)."""
-    begin, end = part_ranges(count * tiles, nt)[t]
+def thread_share(begin: int, end: int, tiles: int) -> tuple[int, int, int, int]:
+    """weight_slices.h.j2's thread_share of the (slice, tile) items [begin, end): slices
+    [s0, s1), the first one's tiles from tile0, the last one's before tile1."""
     if begin == end:
         return 0, 0, 0, 0
     return begin // tiles, (end - 1) // tiles + 1, begin % tiles, (end - 1) % tiles + 1
@@ -161,15 +160,14 @@ def slice_shares(rows: int, chunk: int, chunks: int, count: int, tiles: int,
                  nt: int) -> list[int]:
     """(diff_dst row, tile) pairs per share of a weight gradient over `count` slices of
     `chunks` chunks of `chunk` rows (weight_compute.h.j2, bwd_weights_packed.c.j2)."""
+    slice_rows = [sum(min(c * chunk + chunk, rows) - c * chunk
+                      for c in range(chunks * s // count, chunks * (s + 1) // count))
+                  for s in range(count)]
     tasks = []
-    for t in range(nt):
-        s0, s1, tile0, tile1 = thread_share(t, nt, count, tiles)
-        total = 0
-        for s in range(s0, s1):
-            own = (tile1 if s == s1 - 1 else tiles) - (tile0 if s == s0 else 0)
-            total += own * sum(min(c * chunk + chunk, rows) - c * chunk
-                               for c in range(chunks * s // count, chunks * (s + 1) // count))
-        tasks.append(total)
+    for begin, end in part_ranges(count * tiles, nt):
+        s0, s1, tile0, tile1 = thread_share(begin, end, tiles)
+        tasks.append(sum(((tile1 if s == s1 - 1 else tiles) - (tile0 if s == s0 else 0))
+                         * slice_rows[s] for s in range(s0, s1)))
     return tasks
 
 
