@@ -456,12 +456,11 @@ SANITIZED = textwrap.dedent("""
 def test_handler_and_kernels_clean_under_sanitizers(tmp_path):
     """The FFI handler and the kernels built with AddressSanitizer and UBSan
     (CONVGRAD_SANITIZE=1) run a jitted step: any bad access aborts the child."""
-    from test_sanitizers import ASAN, UBSAN
+    from test_sanitizers import ASAN, UBSAN, sanitized_env
 
     if ASAN is None or UBSAN is None:
         pytest.skip("the C compiler has no AddressSanitizer or UBSan runtime")
-    env = {**os.environ, "CONVGRAD_SANITIZE": "1", "LD_PRELOAD": f"{ASAN} {UBSAN}",
-           "ASAN_OPTIONS": "detect_leaks=0", "CONVGRAD_CACHE_DIR": str(tmp_path / "cache")}
+    env = sanitized_env(tmp_path / "cache")
     result = subprocess.run([sys.executable, "-c", SANITIZED], capture_output=True,
                             text=True, env=env, timeout=600, check=False)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

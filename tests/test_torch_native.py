@@ -11,7 +11,6 @@ C++ compiler leaves Python's path with one warning; errors keep their messages.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -317,13 +316,11 @@ def test_cxx_path_and_kernels_clean_under_sanitizers(tmp_path):
     """The extension and the kernels built with AddressSanitizer and UBSan
     (CONVGRAD_SANITIZE=1) run training steps on integer data, equal to torch.nn's: any
     bad access aborts the child."""
-    from test_sanitizers import ASAN, UBSAN
+    from test_sanitizers import ASAN, UBSAN, sanitized_env
 
     if ASAN is None or UBSAN is None:
         pytest.skip("the C compiler has no AddressSanitizer or UBSan runtime")
-    env = {**os.environ, "CONVGRAD_SANITIZE": "1", "LD_PRELOAD": f"{ASAN} {UBSAN}",
-           "ASAN_OPTIONS": "detect_leaks=0", "CONVGRAD_CACHE_DIR": str(tmp_path / "cache"),
-           "CONVGRAD_COMPILE": "block", _native.ENV: "on"}
+    env = sanitized_env(tmp_path / "cache", CONVGRAD_COMPILE="block", **{_native.ENV: "on"})
     result = subprocess.run([sys.executable, "-c", SANITIZED], capture_output=True,
                             text=True, env=env, timeout=900, check=False)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

