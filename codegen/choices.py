@@ -20,6 +20,8 @@ from dataclasses import Field, dataclass, field, fields
 from functools import cache
 from typing import Any
 
+from convgrad.codegen.rules_weights import MANY_SLICE_PIXELS, MAX_SLICES
+
 Tiles = tuple[tuple[int, int], ...]  # (rows, vectors) of register tiles
 _TYPES = {"int": int, "bool": bool, "str": str}  # any other field is a tuple
 _FIXED = "fixed"  # the metadata key of a variant's fixed values
@@ -227,6 +229,8 @@ class WeightChoices(WeightFamilyChoices):
     unrolled_tiles: Tiles
     vec_block: int
     amx_band_pixels: int | None = None
+    few_slices: int = fixed(MAX_SLICES)
+    many_slice_pixels: int = fixed(MANY_SLICE_PIXELS)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -277,3 +281,5 @@ class DotWeightChoices(WeightFamilyChoices):
     amx: bool = fixed(False)
     image_block_bytes: int = fixed(0)
     no_scratch: bool = fixed(True)
+    few_slices: int = fixed(MAX_SLICES)
+    many_slice_pixels: int = fixed(MANY_SLICE_PIXELS)

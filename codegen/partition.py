@@ -284,9 +284,11 @@ def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split
         rule = 1 if row_bytes >= c.chunk_bytes else c.chunk_bytes // row_bytes
     rows = z.batch * z.od * z.oh
     # weight_slices.h.j2: slices(), rows_per_chunk(), chunk_count()
-    most = min(z.batch * z.od * z.oh * z.ow // c.slice_min_pixels, ceil_div(rows, rule))
+    pixels = z.batch * z.od * z.oh * z.ow
+    most = min(pixels // c.slice_min_pixels, ceil_div(rows, rule))
     count = c.max_slices
-    while count > 1 and count > most:
+    while count > 1 and (count > most
+                         or (count > c.few_slices and count * c.many_slice_pixels > pixels)):
         count //= 2
     per_slice = ceil_div(ceil_div(rows, rule), count)
     chunk = ceil_div(rows, per_slice * count) if rows else rule

@@ -111,8 +111,19 @@ PACKED_OVERLAP_CHUNK_PIXELS = 512
 # of at least SLICE_MIN_PIXELS, each summed on its own and added in order at the end
 # (the count never depends on the threads): threads then share a layer with few tiles
 # without each packing the same panels. The slices' sums take at most SLICE_SUMS_BYTES.
+# Layers of few tiles take more slices, up to MOST_SLICES, until there are SLICE_ITEMS
+# (slice, tile) items: 4 a thread on 64 threads, so that part_range's shares differ by at
+# most a quarter of the mean (ResNet-50 res2a_branch2a, batch 32: 8 slices of 11 tiles
+# split 1.47x the mean on 43 threads, 32 slices 1.15 or less up to 64). Slices beyond
+# MAX_SLICES keep MANY_SLICE_PIXELS each (so batches of the layers' pixels that few threads
+# share keep 8): on 1 and 2 threads a slice costs its sums' zeroing and adding (Zen 4,
+# batch 8, pair ratios 8 / 16 slices, 1 / 2 threads: res2a_branch2a NCX 1.005-1.052 /
+# 1.027-1.043, NXC 0.996-1.017 / 0.991-1.010; conv1 NCX 0.957-0.987 / 0.976-1.026).
 MAX_SLICES = 8
+MOST_SLICES = 64
+SLICE_ITEMS = 256
 SLICE_MIN_PIXELS = 1024
+MANY_SLICE_PIXELS = 3 * SLICE_MIN_PIXELS
 SLICE_SUMS_BYTES = 2 * 1024 * 1024
 # Rows of weight sums a multiple of this many floats (2 KB) apart are padded by a vector.
 SUMS_ROW_ALIAS_FLOATS = 512
@@ -220,12 +231,24 @@ def nxc_in_place(config: KernelConfig, intel: bool = False) -> bool:
             and sums <= IN_PLACE_MAX_SUMS.get(lanes, sums))
 
 
-def _max_slices(sums_bytes: int, plan: Mapping[str, int]) -> int:
-    """Most pixel slices of a weight gradient: several only while the sums stay in L2."""
+def _max_slices(sums_bytes: int, plan: Mapping[str, int], tiles: int) -> int:
+    """Most pixel slices of a weight gradient of `tiles` tiles: several only while the
+    sums stay in L2; MAX_SLICES, or more where they have fewer than SLICE_ITEMS items."""
     if sums_bytes > SUMS_IN_L2_BYTES:
         return 1
-    return power_of_two_floor(min(plan.get("max_slices", MAX_SLICES),
+    rule = MAX_SLICES
+    while rule * tiles < SLICE_ITEMS and rule < MOST_SLICES:
+        rule *= 2
+    return power_of_two_floor(min(plan.get("max_slices", rule),
                                   SLICE_SUMS_BYTES // sums_bytes))
+
+
+def _tile_count(config: KernelConfig, rows: int, total: int, block: int, vectors: int,
+                by_columns: bool) -> int:
+    """Tiles of a weight gradient (partition._weights): groups x taps (their kw in the
+    rows where `by_columns`) x row blocks of `total` rows x vector blocks."""
+    taps = prod(config.kernel) // (config.kernel[-1] if by_columns else 1)
+    return config.groups * taps * -(-total // rows) * -(-vectors // block)
 
 
 def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -309,7 +332,8 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     else:
         rule_pixels = 0
     chunk_pixels = plan.get("chunk_pixels", rule_pixels)
-    max_slices = _max_slices(sums_bytes, plan)
+    max_slices = _max_slices(sums_bytes, plan, _tile_count(
+        config, rows, total, block, vectors, flatten_w or dot))
     sums_in_output = bool(plan.get("sums_in_output", 1)) and _sums_in_output_eligible(
         config, max_slices, flatten_w or dot)
     # floats per input channel of the sums, one vector more where rows 2 KB apart would
@@ -474,7 +498,8 @@ def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
             "chunk_pixels": plan.get("chunk_pixels") or DOT_CHUNK_PIXELS,  # never by bytes
             "superblock_bytes": DOT_SUPERBLOCK_BYTES,
             "partial_pixels": partial_steps(config),
-            "max_slices": _max_slices(weight_sums_bytes(config), plan),
+            "max_slices": _max_slices(weight_sums_bytes(config), plan, _tile_count(
+                config, rows, config.cin_per_group, cols, config.cout_per_group, False)),
             "slice_min_pixels": SLICE_MIN_PIXELS}
 
 
