@@ -352,7 +352,12 @@ def _ncx_reduce_chunk(config: KernelConfig, plan: Mapping[str, int], vecs: int) 
 # result is the next layer's input, and without zeros they do enough multiply-adds per
 # value. Sapphire Rapids avx512, ResNet-50 NXC batch 8, pair ratios ordinary / streamed,
 # 1 / 2 threads: res3a_branch1 (1x1 s2, 256 -> 512, 12.8 MB) 1.27-1.28 / 1.30,
-# res2a_branch1 (64 -> 256 on 56x56, 25.7 MB) 1.05 / 1.02-1.03.
+# res2a_branch1 (64 -> 256 on 56x56, 25.7 MB) 1.05 / 1.02-1.03. On Zen 4 (avx512) the
+# same kernels alone gain by streaming (pair ratios streamed / ordinary, 1 / 2 threads:
+# res2a_branch1 1.32-1.37 / 1.30-1.35, res3a_branch2c 1.03-1.05 / 1.15-1.17, other 12.8
+# MB results 0.97-1.03), but not in a training step whose next op reads the result:
+# ResNet-50 224x224 batch 8, 2 threads, torch.nn / convgrad step ratios, 4 alternated
+# runs each, streamed 1.05-1.10 (median 1.05), ordinary 1.02-1.13 (median 1.11).
 STREAM_MIN_KB = 8192
 STREAM_VECTOR_BLOCK = {"avx2": 4}
 STREAM_STRIDE_1_LANES = (16,)
