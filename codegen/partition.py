@@ -38,6 +38,7 @@ from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.isa import VECTOR_LANES
 from convgrad.codegen.ops import Problem
 from convgrad.codegen.rules_groups import min_thread_flops
+from convgrad.codegen.rules_weights import weight_tile_count
 from convgrad.codegen.variants import KernelPlan, Variant, resolve_plan
 
 
@@ -266,12 +267,11 @@ def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split
     kd, kh, kw = (1,) * (3 - config.rank) + config.kernel
     sd, sh, _ = (1,) * (3 - config.rank) + config.strides
     cin, cout = config.groups * config.cin_per_group, config.groups * config.cout_per_group
-    if plan.variant is Variant.WEIGHTS_FLAT:
-        rows_per_tile_group, tap_groups = kw * config.cin_per_group, kd * kh
-    else:
-        rows_per_tile_group, tap_groups = config.cin_per_group, kd * kh * kw
+    flat = plan.variant is Variant.WEIGHTS_FLAT  # tile rows over (kw, channel) pairs
+    rows_per_tile_group = (kw if flat else 1) * config.cin_per_group
     nrb = ceil_div(rows_per_tile_group, c.tile_rows)
-    tiles = config.groups * tap_groups * nrb * nvb
+    tiles = weight_tile_count(config, c.tile_rows, rows_per_tile_group, c.vec_block,
+                              ceil_div(config.cout_per_group, vl), flat)
     # chunk_rule_rows: diff_dst rows per chunk by the rule
     if c.chunk_pixels:
         rule = 1 if z.ow >= c.chunk_pixels else c.chunk_pixels // z.ow

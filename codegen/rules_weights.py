@@ -243,10 +243,11 @@ def _max_slices(sums_bytes: int, plan: Mapping[str, int], tiles: int) -> int:
                                   SLICE_SUMS_BYTES // sums_bytes))
 
 
-def _tile_count(config: KernelConfig, rows: int, total: int, block: int, vectors: int,
-                by_columns: bool) -> int:
-    """Tiles of a weight gradient (partition._weights): groups x taps (their kw in the
-    rows where `by_columns`) x row blocks of `total` rows x vector blocks."""
+def weight_tile_count(config: KernelConfig, rows: int, total: int, block: int, vectors: int,
+                      by_columns: bool) -> int:
+    """Tiles of a weight gradient (its templates' tile loop; partition._weights): groups
+    x taps (their kw in the rows where `by_columns`) x row blocks of `rows` over `total`
+    rows x vector blocks of `block` over `vectors`."""
     taps = prod(config.kernel) // (config.kernel[-1] if by_columns else 1)
     return config.groups * taps * -(-total // rows) * -(-vectors // block)
 
@@ -332,7 +333,7 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
     else:
         rule_pixels = 0
     chunk_pixels = plan.get("chunk_pixels", rule_pixels)
-    max_slices = _max_slices(sums_bytes, plan, _tile_count(
+    max_slices = _max_slices(sums_bytes, plan, weight_tile_count(
         config, rows, total, block, vectors, flatten_w or dot))
     sums_in_output = bool(plan.get("sums_in_output", 1)) and _sums_in_output_eligible(
         config, max_slices, flatten_w or dot)
@@ -498,7 +499,7 @@ def dot_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
             "chunk_pixels": plan.get("chunk_pixels") or DOT_CHUNK_PIXELS,  # never by bytes
             "superblock_bytes": DOT_SUPERBLOCK_BYTES,
             "partial_pixels": partial_steps(config),
-            "max_slices": _max_slices(weight_sums_bytes(config), plan, _tile_count(
+            "max_slices": _max_slices(weight_sums_bytes(config), plan, weight_tile_count(
                 config, rows, config.cin_per_group, cols, config.cout_per_group, False)),
             "slice_min_pixels": SLICE_MIN_PIXELS}
 
