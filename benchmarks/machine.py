@@ -128,22 +128,30 @@ def _software() -> dict:
     }
 
 
-def machine_info(peak: float) -> dict:
-    """The machine and the software, PyTorch's included (bench.py's)."""
-    import torch
-
+def cpu_info(peak: float) -> dict:
+    """The machine, convgrad's ISA path and its measured FMA peak, and the software
+    (PyTorch's and jax's versions aside)."""
     return {
         "cpu": cpu_model(),
         "target": host(),
         "logical_cpus": os.cpu_count(),
         "cpu_isas": list(available_isas()),
         "isa": selected_isa(),
-        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
         "convgrad_amx": os.environ.get("CONVGRAD_AMX", "default"),
         "peak_f32_gflops_per_core": round(peak, 2),
+        **_software(),
+    }
+
+
+def machine_info(peak: float) -> dict:
+    """The machine and the software, PyTorch's included (bench.py's)."""
+    import torch
+
+    return {
+        **cpu_info(peak),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA", "default"),
         "torch": torch.__version__,
         "torch_mkldnn": bool(torch.backends.mkldnn.is_available()),
-        **_software(),
     }
 
 
