@@ -1,7 +1,7 @@
 """Two builds of the same kernels, timed in one process on the same arrays.
 
     python -m benchmarks.ab_builds [--set resnet50|mobilenet_v2|...] [--layers a,b]
-                                   [--ops fwd,data,weights] [--threads 1]
+                                   [--ops fwd,data,weights] [--threads 1] [--data-format NCX]
                                    [--base-python PYTHON] [--base-env NAME=VALUE ...]
                                    [--reps 15] [--seconds 0.15]
 
@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ops", default="fwd", help="comma-separated, as bench.py --ops")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
     parser.add_argument("--base-python", default=sys.executable)
     parser.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--reps", type=int, default=15)
@@ -95,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
         base_cache = str(Path(folder) / "theirs")
         for conv in convs:
             for op in args.ops.split(","):
-                (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch)
+                (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch,
+                                       data_format=args.data_format)
                 arrays = [aligned(rng.standard_normal(shape, dtype=np.float32))
                           for shape in layer.inputs[:2]]
                 inputs = [*arrays, *([list(layer.inputs[2])] if len(layer.inputs) > 2

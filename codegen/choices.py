@@ -143,6 +143,7 @@ class DirectChoices(RowTileChoices):
     ncx_block_chunk: int | None = None
     ncx_head: bool | None = None
     ncx_min_pixels: int | None = None
+    ncx_prefetch: bool | None = None
     ncx_reduce_chunk: int | None = None
     ncx_rows: int | None = None
     ncx_tiles: Tiles | None = None

@@ -35,6 +35,8 @@ PLAN_CHOICES = {
     "ncx_head": "1x1 NCX f32 data gradients read in place: 1 puts a head block of one "
                 "partial vector before the blocks, so that they load whole cache lines "
                 "where every row of the input starts the same floats past one; 0 never",
+    "ncx_prefetch": "1x1 NCX f32 data gradients read in place: 1 fetches the next pixel "
+                    "block's input and output rows into L2 while the tiles run; 0 never",
     "ncx_pass_kb": "1x1 NCX f32 data gradients read in place: KB of a pixel block's input "
                    "per pass over its channel blocks (0: every reduced channel at once)",
     "all_taps": "depthwise weight gradients: 1 keeps every (kh, kw) tap of a channel block "

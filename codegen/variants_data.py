@@ -130,6 +130,7 @@ def _direct_candidates(config: KernelConfig) -> list[dict[str, int]]:
         if ncx["ncx_reduce_chunk"] < reduced_channels(config):
             found.append({"ncx_pass_kb": 0})
         found.append({"ncx_head": int(not ncx["ncx_head"])})
+        found.append({"ncx_prefetch": int(not ncx["ncx_prefetch"])})
     if prod(config.kernel) == 1 and VECTOR_LANES[isa] == 8:
         found.append({"weight_chunk_kb": L1_WEIGHT_CHUNK_KB})
     found += [{"weight_chunk_kb": WEIGHT_CHUNK_BYTES // 1024 // 4},

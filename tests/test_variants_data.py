@@ -183,6 +183,31 @@ def test_channels_first_pointwise_head_block(isa, op, spatial, channels):
                 assert_exact(case, out)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("prefetch", [1, 0])
+def test_channels_first_pointwise_prefetch(isa, op, prefetch):
+    """Channels-first 1x1 tiles read in place fetch the next block of pixels by rule
+    (ncx_prefetch), forced both ways: exact on 1, 2 and 3 threads (a thread's last item
+    fetches nothing), with 300 reduced channels in passes of 8 KB (the output rows only
+    in the last), a partial last block of each image and the next image's first block."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.rules_data import pointwise_ncx_tiles
+    from convgrad.codegen.variants import render_context
+
+    case = make_case(op, spatial=(9, 15), kernel=(1, 1), in_channels=300, out_channels=300,
+                     batch=3, data_format="NCX", seed=21)
+    a, b = case.inputs[:2]
+    config = resolve(case.op, [a.shape, b.shape], case.attrs, None, "f32").config.with_isa(isa)
+    assert pointwise_ncx_tiles(config)["ncx_prefetch"]  # the rule's
+    plan = {"ncx_prefetch": prefetch, "ncx_pass_kb": 8}
+    tiles = pointwise_ncx_tiles(config, plan)
+    assert tiles["pointwise_ncx"] and tiles["ncx_reduce_chunk"] < 300  # passes
+    assert render_context(config, "", plan)["ncx_prefetch"] is bool(prefetch)
+    for threads in (1, 2, 3):
+        run_with_plan(case, plan, isa, threads, variant=Variant.DIRECT)
+
+
 POINTWISE_STREAM_GEOMETRY = {
     # stride (2, 3) with trailing rows and columns no output reads: tiles of zeros, which
     # stream too; 48 channels: vector blocks 4 + 2 on avx2, 3 vectors on avx512
