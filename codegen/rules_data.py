@@ -272,6 +272,14 @@ NCX_MAX_REDUCED = 512
 # 1.08), 1.00 / 1.01-1.05 reducing 64; avx2 1.00-1.07 / 1.03-1.13 reducing 128-512,
 # 0.97-0.98 / 0.99-1.01 reducing 64. So from this many reduced channels:
 NCX_HEAD_MIN_REDUCED = 128
+# The tiles read a block of pixels of every reduced channel: as many streams as
+# channels, more than the hardware prefetchers follow. So each tile fetches a share of
+# the next block's input rows and its own output rows of that block into L2
+# (pointwise_ncx.h.j2 prefetch_next_ncx_block). Zen 4, ResNet-50 batch 8, fwd and data,
+# fetched / not (`benchmarks.ab_builds --data-format NCX`, same process): avx512 1
+# thread 1.07-1.27 on 56x56 and 28x28 layers, 1.02-1.03 on 14x14; 2 threads 1.06-1.24,
+# 0.99-1.01; avx2 1 thread 1.08-1.49, 0.98-1.02. Plan choice ncx_prefetch.
+NCX_PREFETCH = True
 
 
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -291,21 +299,13 @@ def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PL
             "ncx_min_pixels": NCX_MIN_PIXELS,
             "ncx_reduce_chunk": _ncx_reduce_chunk(config, plan, vecs),
             "ncx_head": bool(plan.get("ncx_head", reduced >= NCX_HEAD_MIN_REDUCED)),
-            "ncx_prefetch": bool(plan.get("ncx_prefetch", 1)),
+            "ncx_prefetch": bool(plan.get("ncx_prefetch", NCX_PREFETCH)),
             # channel blocks per chunk: their weights stay in L2; near-equal chunks (171
             # blocks as 57 x 3, not 85 + 85 + 1: threads share the chunks' work evenly)
             "ncx_block_chunk": near_equal(-(-out_channels // rows),
                                          max(1, WEIGHT_CHUNK_BYTES // (reduced * rows * 4)))}
 
 
-# Channels-first 1x1 tiles read a block of pixels of every reduced channel: as many
-# streams as channels, more than the hardware prefetchers follow. With ncx_prefetch each
-# tile fetches a share of the next block's input rows and its own output rows of that
-# block into L2 (pointwise_ncx.h.j2 prefetch_next_ncx_block). Zen 4, ResNet-50 batch 8,
-# fwd and data, fetched / not (`benchmarks.ab_builds --data-format NCX`, same process):
-# avx512 1 thread 1.07-1.27 on 56x56 and 28x28 layers, 1.02-1.03 on 14x14; 2 threads
-# 1.06-1.24, 0.99-1.01; avx2 1 thread 1.08-1.49, 0.98-1.02.
-#
 # Channels-first 1x1 tiles read a block of NCX_VECS pixel vectors of every reduced
 # channel; where that block takes more than this, each pass over it takes a multiple of
 # the partial steps (the tiles' own flushes, so the sums and their order are the same)
