@@ -37,7 +37,7 @@ from unittest import mock
 
 import numpy as np
 
-from benchmarks.cases import aligned
+from benchmarks.cases import layer_inputs
 from benchmarks.shapes import DEFAULT_SHAPES_DIR, OPS, SETS, load_set
 from convgrad import api, bound, kernels
 from convgrad.codegen.layers import conv_layers
@@ -98,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             for op in args.ops.split(","):
                 (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch,
                                        data_format=args.data_format)
-                arrays = [aligned(rng.standard_normal(shape, dtype=np.float32))
-                          for shape in layer.inputs[:2]]
-                inputs = [*arrays, *([list(layer.inputs[2])] if len(layer.inputs) > 2
-                                     else [])]
+                inputs = layer_inputs(layer, rng)
 
                 def run(layer=layer, inputs=inputs):
                     return api.execute(layer.op, inputs, layer.attrs,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+import numpy.typing as npt
 
 import convgrad
 from benchmarks.machine import Peak, pinned
@@ -25,7 +26,7 @@ from benchmarks.tensors import (
     weights_from_torch,
     weights_to_torch,
 )
-from benchmarks.timing import timed_calls, timed_pair
+from benchmarks.timing import median_present, timed_calls, timed_pair
 from convgrad import api, kernels, tuning
 from convgrad.codegen.layers import ConvShape, Layer, conv_layers
 from convgrad.codegen.plan import vendor_plan
@@ -104,6 +105,15 @@ def aligned(values: np.ndarray) -> np.ndarray:
     return out
 
 
+def layer_inputs(layer: Layer, rng: np.random.Generator,
+                 dtype: npt.DTypeLike = np.float32) -> list:
+    """A layer's inputs for convgrad.execute: its two arrays of normal values (drawn in
+    f32, in `dtype`) on 64-byte boundaries, and the shape it takes third, if any."""
+    arrays = [aligned(rng.standard_normal(shape, dtype=np.float32).astype(dtype))
+              for shape in layer.inputs[:2]]
+    return [*arrays, *([list(layer.inputs[2])] if len(layer.inputs) > 2 else [])]
+
+
 def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
             rng: np.random.Generator) -> Case:
     """Arrays, tensors and calls of one layer; both sides get the same data where
@@ -111,9 +121,8 @@ def prepare(conv: ConvShape, op: str, shape_set: str, args: argparse.Namespace,
     (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch, dtype=args.dtype,
                            data_format=args.data_format, weights_format=args.weights_format)
     dtype = api.DTYPE_BY_NAME[args.dtype]
-    a, b = (aligned(rng.standard_normal(shape, dtype=np.float32).astype(dtype))
-            for shape in layer.inputs[:2])
-    inputs = [a, b, *([list(layer.inputs[2])] if len(layer.inputs) > 2 else [])]
+    inputs = layer_inputs(layer, rng, dtype)
+    a, b = inputs[:2]
 
     def ours(threads: int, tune: bool = False) -> np.ndarray:
         return api.execute(layer.op, inputs, layer.attrs, num_threads=threads, tune=tune)
@@ -300,18 +309,13 @@ def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
     median); the first round's first call and checks, the calls of all rounds."""
     if len(rounds) == 1:
         return rounds[0]
-
-    def median(values: list[float | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return statistics.median(present) if present else None
-
     merged = []
     for same in zip(*rounds, strict=True):
         row = replace(same[0])
-        row.peak_gflops = median([r.peak_gflops for r in same])
+        row.peak_gflops = median_present([r.peak_gflops for r in same])
         capacity = (row.peak_gflops or math.nan) * row.threads
         for name in ("ours", "torch"):
-            ms = median([getattr(r, f"{name}_ms") for r in same])
+            ms = median_present([getattr(r, f"{name}_ms") for r in same])
             setattr(row, f"{name}_calls", sum(getattr(r, f"{name}_calls") for r in same))
             setattr(row, f"{name}_ms", ms)
             flops = row.flops if name == "ours" else row.torch_flops
@@ -325,11 +329,11 @@ def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
             if best is not None:
                 setattr(row, f"{name}_best_pct_peak", 100 * best / capacity)
             setattr(row, f"{name}_faults_per_call",
-                    median([getattr(r, f"{name}_faults_per_call") for r in same]))
+                    median_present([getattr(r, f"{name}_faults_per_call") for r in same]))
         if row.ours_best_gflops:
             row.ours_best_ms = row.flops / row.ours_best_gflops / 1e6
-        row.ratio = median([r.ratio for r in same])
-        row.tuned_gain = median([r.tuned_gain for r in same])
+        row.ratio = median_present([r.ratio for r in same])
+        row.tuned_gain = median_present([r.tuned_gain for r in same])
         if row.tuned_gain is not None:
             row.tuned_ms = row.ours_ms / row.tuned_gain
             row.tuned_gflops = row.ours_gflops * row.tuned_gain

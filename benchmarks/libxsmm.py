@@ -51,11 +51,11 @@ from pathlib import Path
 import numpy as np
 
 import convgrad
-from benchmarks.cases import aligned
+from benchmarks.cases import layer_inputs
 from benchmarks.machine import Peak, cpu_info, environment, pinned
 from benchmarks.reports import columns, fmt, settings, write_results
 from benchmarks.shapes import DEFAULT_SHAPES_DIR, OPS, SETS, load_sets
-from benchmarks.timing import geomean, int_list, timed_calls
+from benchmarks.timing import geomean, int_list, median_present, timed_calls
 from convgrad import api
 from convgrad.codegen.layers import ConvShape, conv_layers
 from convgrad.cpu import available_isas, selected_isa
@@ -150,9 +150,7 @@ def time_convgrad(conv: ConvShape, op: str, args: argparse.Namespace, threads: i
     pinned to `threads` CPUs, and the FMA peak per core measured around them."""
     (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch, dtype="f32",
                            data_format=args.data_format)
-    inputs = [aligned(rng.standard_normal(shape, dtype=np.float32))
-              for shape in layer.inputs[:2]]
-    inputs += [list(layer.inputs[2])] if len(layer.inputs) > 2 else []
+    inputs = layer_inputs(layer, rng)
 
     def call() -> object:
         return api.execute(layer.op, inputs, layer.attrs, num_threads=threads)
@@ -224,22 +222,18 @@ def finish(row: Row) -> Row:
 def merge(rounds: list[list[Row]]) -> list[Row]:
     """One row per (layer, op, threads): each library's median time over the rounds,
     the fastest call of all, the median peak, and the median of the rounds' ratios."""
-    def median(values: list[float | None]) -> float | None:
-        present = [v for v in values if v is not None]
-        return statistics.median(present) if present else None
-
     merged = []
     for same in zip(*rounds, strict=True):
         row = replace(same[0])
         for name in ("ours_mean_ms", "ours_median_ms", "libxsmm_ms", "peak_gflops",
                      "libxsmm_normf_rel"):
-            setattr(row, name, median([getattr(r, name) for r in same]))
+            setattr(row, name, median_present([getattr(r, name) for r in same]))
         row.ours_best_ms = min(r.ours_best_ms for r in same)
         row.ours_calls = sum(r.ours_calls for r in same)
         row.libxsmm_calls = sum(r.libxsmm_calls for r in same)
-        ratio = median([r.ratio for r in same])
-        merged.append(finish(row))
-        merged[-1].ratio = ratio
+        row = finish(row)
+        row.ratio = median_present([r.ratio for r in same])
+        merged.append(row)
     return merged
 
 

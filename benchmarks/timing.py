@@ -42,6 +42,12 @@ def timed_pair(functions: Sequence[Callable[[], object]], min_time: float,
             for t in timed_calls(functions, min_time, min_repeats, block_time)]
 
 
+def median_present(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are not None (None if none is)."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
 def geomean(values: list[float]) -> float | None:
     return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
 
