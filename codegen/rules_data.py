@@ -278,7 +278,10 @@ NCX_HEAD_MIN_REDUCED = 128
 # (pointwise_ncx.h.j2 prefetch_next_ncx_block). Zen 4, ResNet-50 batch 8, fwd and data,
 # fetched / not (`benchmarks.ab_builds --data-format NCX`, same process): avx512 1
 # thread 1.07-1.27 on 56x56 and 28x28 layers, 1.02-1.03 on 14x14; 2 threads 1.06-1.24,
-# 0.99-1.01; avx2 1 thread 1.08-1.49, 0.98-1.02. Plan choice ncx_prefetch.
+# 0.99-1.01; avx2 1 thread 1.08-1.49, 0.98-1.02. An hour later, the VM 25-40% slower
+# for both, `pair_plans` read 0.89-1.25 without over with, no consistent sign: no gain
+# then, no loss either (benchmarks/results/zen4/ncx_prefetch_ab_88478eb). Plan choice
+# ncx_prefetch.
 NCX_PREFETCH = True
 
 
