@@ -141,11 +141,13 @@ class DirectChoices(RowTileChoices):
     amx_phases: bool | None = None
     amx_pointwise: bool | None = None
     ncx_block_chunk: int | None = None
+    ncx_compact_bytes: int | None = None
     ncx_head: bool | None = None
     ncx_min_pixels: int | None = None
     ncx_prefetch: bool | None = None
     ncx_reduce_chunk: int | None = None
     ncx_rows: int | None = None
+    ncx_strided: bool | None = None
     ncx_tiles: Tiles | None = None
     ncx_vecs: int | None = None
     compute_scratch: bool = fixed(False)

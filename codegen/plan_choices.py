@@ -31,7 +31,11 @@ PLAN_CHOICES = {
     "step_unroll": "direct and weight-gradient tiles: multiply steps per iteration of "
                    "the reduction loop of the tiles whose registers allow it (1: none)",
     "ncx_in_place": "NCX f32 data gradients by 1x1 tiles or by col2im: 1 reads NCX in "
-                    "place, 0 transposes",
+                    "place (1x1 with strides: through a compact copy of the pixels they "
+                    "keep), 0 transposes",
+    "ncx_compact_kb": "1x1 NCX f32 data gradients with strides read in place: KB per "
+                      "thread of a block of images' compact copy of the pixels the "
+                      "strides keep (0: one image per thread)",
     "ncx_head": "1x1 NCX f32 data gradients read in place: 1 puts a head block of one "
                 "partial vector before the blocks, so that they load whole cache lines "
                 "where every row of the input starts the same floats past one; 0 never",

@@ -285,14 +285,33 @@ NCX_HEAD_MIN_REDUCED = 128
 NCX_PREFETCH = True
 
 
+# ...and with strides, on a compact copy of the pixels the strides keep (ncx_strided.h.j2:
+# the forward convolution gathers them, the data gradient spreads its result with zeros
+# between), not by the NCX bands. Zen 4 avx512, ResNet-50 batch 8, pair_plans ratios
+# compact copy / bands, 1 / 2 threads: data res3a_branch2a 1.20 / 1.26, res4a_branch2a
+# 1.12 / 1.12, res3a_branch1 1.11 / 1.13; fwd res3a_branch2a 1.11-1.22 / 1.04,
+# res3a_branch1 1.04 (2 threads), res4a_branch2a 1.04 / 0.96-1.04 and res4a_branch1
+# (512 -> 1024 channels on 14x14) 0.99 / 0.89: forward convolutions reducing more than
+# this keep the bands.
+NCX_STRIDED_FWD_MAX_REDUCED = 256
+
+
+def _ncx_max_reduced(config: KernelConfig) -> int:
+    strided_fwd = config.family == "fwd" and any(s > 1 for s in config.strides)
+    return NCX_STRIDED_FWD_MAX_REDUCED if strided_fwd else NCX_MAX_REDUCED
+
+
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
-    """The channels-first pointwise plan of a data gradient (fwd, bwd_data), or none."""
+    """The channels-first 1x1 plan of a data gradient (fwd, bwd_data), or none: with
+    strides, on a compact copy of the pixels they keep (ncx_strided.h.j2), a block of
+    images of about IMAGE_BLOCK_BYTES per thread at a time."""
     reduced = reduced_channels(config)
-    if not (config.pointwise and config.data_format == "NCX" and config.dtype == "f32"
-            and not config.depthwise
-            and plan.get("ncx_in_place", reduced <= NCX_MAX_REDUCED)):
+    if not (all(k == 1 for k in config.kernel) and config.data_format == "NCX"
+            and config.dtype == "f32" and not config.depthwise
+            and plan.get("ncx_in_place", reduced <= _ncx_max_reduced(config))):
         return {"pointwise_ncx": False}
     out_channels = config.vector_channels
+    strided = any(s > 1 for s in config.strides)
     rows = min(NCX_ROWS[config.isa], out_channels)
     last = last_part(out_channels, rows)
     vecs = NCX_VECS[config.isa]
@@ -303,6 +322,9 @@ def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PL
             "ncx_reduce_chunk": _ncx_reduce_chunk(config, plan, vecs),
             "ncx_head": bool(plan.get("ncx_head", reduced >= NCX_HEAD_MIN_REDUCED)),
             "ncx_prefetch": bool(plan.get("ncx_prefetch", NCX_PREFETCH)),
+            "ncx_strided": strided,
+            "ncx_compact_bytes": plan.get("ncx_compact_kb", IMAGE_BLOCK_BYTES >> 10) << 10
+                                 if strided else 0,
             # channel blocks per chunk: their weights stay in L2; near-equal chunks (171
             # blocks as 57 x 3, not 85 + 85 + 1: threads share the chunks' work evenly)
             "ncx_block_chunk": near_equal(-(-out_channels // rows),

@@ -127,6 +127,8 @@ def _direct_candidates(config: KernelConfig) -> list[dict[str, int]]:
     if pointwise_ncx_tiles(config, {"ncx_in_place": 1})["pointwise_ncx"]:
         found.append({"ncx_in_place": int(not ncx["pointwise_ncx"])})
     if ncx["pointwise_ncx"]:
+        if ncx["ncx_strided"]:
+            found.append({"ncx_compact_kb": 0})
         if ncx["ncx_reduce_chunk"] < reduced_channels(config):
             found.append({"ncx_pass_kb": 0})
         found.append({"ncx_head": int(not ncx["ncx_head"])})

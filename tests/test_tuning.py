@@ -65,7 +65,8 @@ def test_candidates_render_different_kernels(isa):
 
 def test_long_reductions_transpose_ncx_pointwise():
     """1x1 NCX data gradients reducing over more than 512 channels transpose by rule,
-    and the tuner offers the in-place plan; up to 512 the rule reads in place."""
+    and the tuner offers the in-place plan; up to 512 the rule reads in place (with
+    strides too, through a compact copy)."""
     from convgrad.codegen.rules_data import pointwise_ncx_tiles
 
     for isa in ("avx512", "avx2"):
@@ -76,6 +77,13 @@ def test_long_reductions_transpose_ncx_pointwise():
         short = _config("bwd_data", (1, 1), 1024, 512, "NCX", isa=isa)
         assert pointwise_ncx_tiles(short)["pointwise_ncx"]
         assert {"ncx_in_place": 0} in candidates(short)
+        # with strides: on a compact copy, of one image per thread as a candidate
+        strided = replace(short, strides=(2, 2))
+        assert pointwise_ncx_tiles(strided)["ncx_strided"]
+        assert not pointwise_ncx_tiles(short)["ncx_strided"]
+        assert {"ncx_in_place": 0} in candidates(strided)
+        assert {"ncx_compact_kb": 0} in candidates(strided)
+        assert {"ncx_compact_kb": 0} not in candidates(short)
 
 
 def test_avx2_vector_blocks_stay_candidates():

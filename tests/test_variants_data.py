@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from cases import make_case, rotating
 from checks import assert_exact, run_case
-from forcing import AMX_OFF, ISAS, placed, run_streamed, run_with_plan, taken
+from forcing import AMX_OFF, ISAS, forced_kernel, placed, run_streamed, run_with_plan, taken
 from geometries import BF16_CHANNEL_PAIR_GEOMETRY, COL2IM_GEOMETRY, IMAGE_BLOCK_GEOMETRY
 
 from convgrad.codegen import KernelConfig
@@ -208,6 +208,67 @@ def test_channels_first_pointwise_prefetch(isa, op, prefetch):
         run_with_plan(case, plan, isa, threads, variant=Variant.DIRECT)
 
 
+STRIDED_NCX_GEOMETRY = {
+    # op's input spatial, strides, channels in / out, groups: enough multiply-adds for 3
+    # threads (MIN_THREAD_FLOPS), >= 128 kept pixels per image
+    "2-D": ((24, 34), [2, 2], (80, 70), 1),
+    "1-D": ((400,), [3], (64, 130), 1),  # the input's last column unused
+    "3-D": ((9, 12, 13), [2, 1, 3], (50, 70), 1),
+    "groups": ((25, 35), [2, 3], (104, 128), 2),  # a last row and two columns unused
+}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("geometry", sorted(STRIDED_NCX_GEOMETRY))
+def test_channels_first_pointwise_with_strides(isa, op, geometry):
+    """Channels-first 1x1 data gradients with strides run the 1x1 tiles on a compact copy
+    of the pixels the strides keep (the forward convolution gathers its input into it,
+    the data gradient spreads its result out of it, zeros between; ncx_strided.h.j2), by
+    rule (and in 2-D with one image per thread, ncx_compact_kb 0, and forced off,
+    ncx_in_place 0: the transposes): exact on 1, 2 and 3 threads. The workspace
+    the kernel asks for is the path's own: its packed weights and one block's compact
+    copy (its size is how the test knows which path ran)."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.rules_data import IMAGE_BLOCK_BYTES, pointwise_ncx_tiles
+
+    spatial, strides, channels, groups = STRIDED_NCX_GEOMETRY[geometry]
+    attrs = dict(strides=strides)
+    if op == "ConvolutionBackwardData":  # spatial is diff_dst's: rows and columns of
+        attrs["output_padding"] = [int(s > 1) for s in strides]  # the result no pixel reaches
+    case = make_case(op, spatial=spatial, kernel=(1,) * len(spatial), in_channels=channels[0],
+                     out_channels=channels[1], groups=groups, batch=3, data_format="NCX",
+                     seed=23, attrs=attrs)
+    a, b = case.inputs[:2]
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "f32")
+    config = problem.config.with_isa(isa)
+    tiles = pointwise_ncx_tiles(config)
+    assert tiles["pointwise_ncx"] and tiles["ncx_strided"]
+    bwd = config.family == "bwd_data"
+    reduced = config.cout_per_group if bwd else config.cin_per_group
+    vectors = config.cin_per_group if bwd else config.cout_per_group
+    # the compact copy: the strided tensor's channels on diff_dst's / dst's pixels
+    per_image = (groups * (vectors if bwd else reduced) * int(np.prod(problem.dst_spatial))
+                 * 4)
+    weights = groups * -(-vectors // tiles["ncx_rows"]) * tiles["ncx_rows"] * reduced * 4
+
+    def up(n):
+        return -(-n // 64) * 64
+
+    # images per thread in a block: by rule, at least one; one; the transposes instead
+    plans = [({}, IMAGE_BLOCK_BYTES // per_image)]
+    if geometry == "2-D":
+        plans += [({"ncx_compact_kb": 0}, 1), ({"ncx_in_place": 0}, None)]
+    for plan, images in plans:
+        assert images is None or images >= 1
+        for threads in (1, 2, 3):
+            size, run = forced_kernel(case, plan, isa, threads, variant=Variant.DIRECT)
+            if images is not None:
+                block = min(3, threads * images)
+                assert size == up(weights) + up(block * per_image) + 64, (plan, threads)
+            run(np.empty(size, dtype=np.uint8))
+
+
 POINTWISE_STREAM_GEOMETRY = {
     # stride (2, 3) with trailing rows and columns no output reads: tiles of zeros, which
     # stream too; 48 channels: vector blocks 4 + 2 on avx2, 3 vectors on avx512
@@ -248,16 +309,19 @@ def test_pointwise_results_stream_past_the_caches(isa, geometry, op):
 def _ncx_data_case(op, geometry, dtype, isa, *, seed):
     """An NCX case of IMAGE_BLOCK_GEOMETRY at batch 5: the case, its problem, its
     configuration on `isa` and the plan that keeps it off col2im where these few result
-    channels would take it."""
+    channels would take it, and off the channels-first 1x1 tiles (f32 1x1 layers)."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.rules_data import col2im_eligible
+    from convgrad.codegen.rules_data import col2im_eligible, pointwise_ncx_tiles
 
     case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
                      dtype=dtype, seed=seed)
     a, b = case.inputs[:2]
     problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, dtype)
     config = problem.config.with_isa(isa)
-    return case, problem, config, {"col2im": 0} if col2im_eligible(config) else {}
+    plan = {"col2im": 0} if col2im_eligible(config) else {}
+    if pointwise_ncx_tiles(config)["pointwise_ncx"]:
+        plan["ncx_in_place"] = 0
+    return case, problem, config, plan
 
 
 @pytest.mark.parametrize("isa,op,dtype,geometry", [  # three geometries each, rotating
