@@ -296,22 +296,17 @@ NCX_PREFETCH = True
 NCX_STRIDED_FWD_MAX_REDUCED = 256
 
 
-def _ncx_max_reduced(config: KernelConfig) -> int:
-    strided_fwd = config.family == "fwd" and any(s > 1 for s in config.strides)
-    return NCX_STRIDED_FWD_MAX_REDUCED if strided_fwd else NCX_MAX_REDUCED
-
-
 def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
     """The channels-first 1x1 plan of a data gradient (fwd, bwd_data), or none: with
     strides, on a compact copy of the pixels they keep (ncx_strided.h.j2), a block of
     images of about IMAGE_BLOCK_BYTES per thread at a time."""
     reduced = reduced_channels(config)
-    if not (all(k == 1 for k in config.kernel) and config.data_format == "NCX"
-            and config.dtype == "f32" and not config.depthwise
-            and plan.get("ncx_in_place", reduced <= _ncx_max_reduced(config))):
+    strided = any(s > 1 for s in config.strides)
+    most = NCX_STRIDED_FWD_MAX_REDUCED if strided and config.family == "fwd" else NCX_MAX_REDUCED
+    if not (prod(config.kernel) == 1 and config.data_format == "NCX" and config.dtype == "f32"
+            and not config.depthwise and plan.get("ncx_in_place", reduced <= most)):
         return {"pointwise_ncx": False}
     out_channels = config.vector_channels
-    strided = any(s > 1 for s in config.strides)
     rows = min(NCX_ROWS[config.isa], out_channels)
     last = last_part(out_channels, rows)
     vecs = NCX_VECS[config.isa]
