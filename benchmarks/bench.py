@@ -22,9 +22,12 @@ count 2 x N x OC x IC/g x output pixels x kernel taps. The machine's f32 FMA pea
 per core is measured by a small generated C loop right before and after each row's
 timing (the clock wanders: the higher of the two counts), and every row gives the
 median's and the fastest call's share of it (GFLOP/s / (peak x threads)) and the
-minor page faults a call takes. --alone times convgrad by itself, its process pinned
-to as many CPUs as threads (PyTorch only checks each result once, before): the
-kernels' own speed, apart from what another library's calls leave behind.
+minor page faults a call takes. With --dtype bf16 on a CPU whose AMX-BF16 tiles convgrad
+may use, a second loop measures the tile peak (tdpbf16ps on tiles that stay loaded) the
+same way, and each row also gives both libraries' shares of that. --alone times
+convgrad by itself, its process pinned to as many CPUs as threads (PyTorch only checks
+each result once, before): the kernels' own speed, apart from what another library's
+calls leave behind.
 
 Outputs: a table and the geometric mean of the ratios (convgrad GFLOP/s / PyTorch
 GFLOP/s, above 1 means convgrad is faster) per op and thread count on stdout, and
@@ -157,13 +160,18 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(torch.set_num_threads, saved_torch_threads)
 
         isa = selected_isa()
-        peak = Peak(isa)
+        peak = Peak(isa, amx=args.dtype == "bf16")
         first_peak = peak.measure()
         machine = machine_info(first_peak)
+        if peak.amx:
+            machine["peak_amx_bf16_gflops_per_core"] = round(peak.amx.measure(), 1)
         print(f"{machine['cpu']}, {machine['logical_cpus']} logical CPUs; convgrad "
               f"{machine['convgrad_generator']} ({machine['isa']}), torch {machine['torch']}")
         print(f"f32 FMA peak ({isa}, 1 thread): {first_peak:.1f} GFLOP/s per core; PyTorch's "
               f"oneDNN limited to {machine['onednn_max_cpu_isa']}")
+        if peak.amx:
+            print(f"bf16 AMX tile peak (1 thread): "
+                  f"{machine['peak_amx_bf16_gflops_per_core']:.0f} GFLOP/s per core")
         overhead, tiny_config = measure_call_overhead(args)
         overhead.update(measure_cached_load(tiny_config))
         print(f"call on a tiny problem: convgrad {overhead['ours_tiny_call_us']:.1f} us, "
@@ -191,19 +199,25 @@ def main(argv: list[str] | None = None) -> int:
                           f"{fmt(row.peak_gflops, 1)}", file=sys.stderr, flush=True)
         rows = merge_rounds(rounds)
         peaks = [r.peak_gflops for r in rows if r.peak_gflops]
+        amx_peaks = [r.amx_peak_gflops for r in rows if r.amx_peak_gflops]
 
     means = geomeans(rows)
     print(table(rows))
     if peaks:
         print(f"\nFMA peak next to the rows: {min(peaks):.1f}-{max(peaks):.1f} GFLOP/s per "
               "core")
+    if amx_peaks:
+        print(f"AMX tile peak next to the rows: {min(amx_peaks):.0f}-{max(amx_peaks):.0f} "
+              "GFLOP/s per core")
     print("\ngeometric mean of ratios (convgrad / PyTorch):")
     for m in means:
         tuned = (f"; tuned {fmt(m['tuned_geomean_ratio'], 3)}, tuned / untuned "
                  f"{m['tuned_geomean_gain']:.3f}" if "tuned_geomean_gain" in m else "")
         print(f"  {m['op']:8} {m['threads']} thread(s): {fmt(m['geomean_ratio'], 3)} "
               f"over {m['layers']} layers{tuned}; convgrad's share of the peak (geomean) "
-              f"median {fmt(m['pct_peak'], 1)} %, fastest {fmt(m['best_pct_peak'], 1)} %")
+              f"median {fmt(m['pct_peak'], 1)} %, fastest {fmt(m['best_pct_peak'], 1)} %"
+              + (f"; of the AMX peak: convgrad {fmt(m['pct_amx_peak'], 1)} %, PyTorch "
+                 f"{fmt(m['torch_pct_amx_peak'], 1)} %" if "pct_amx_peak" in m else ""))
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(rows, args.out / "results.csv")

@@ -64,6 +64,12 @@ class Row:
     torch_best_gflops: float | None = None
     torch_best_pct_peak: float | None = None
     peak_gflops: float | None = None  # FMA peak per core, measured right before and after
+    # bf16 on a CPU with AMX: the tile peak per core (measured as the FMA peak is) and
+    # each library's share of it
+    amx_peak_gflops: float | None = None
+    ours_pct_amx_peak: float | None = None
+    ours_best_pct_amx_peak: float | None = None
+    torch_pct_amx_peak: float | None = None
     ours_faults_per_call: float | None = None  # minor page faults (fresh memory touched)
     torch_faults_per_call: float | None = None
     alone: bool = False  # convgrad timed alone in the process, pinned to `threads` CPUs
@@ -266,9 +272,13 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
             for function in functions:  # warm up at this thread count
                 if function:
                     function()
+            amx = peak.amx if row.dtype == "bf16" else None
             before = peak.measure(0.01, 3)
+            amx_before = amx.measure(0.01, 3) if amx else None
             times = timed_calls(calls, args.min_time)
             row.peak_gflops = max(before, peak.measure(0.01, 3))
+            if amx:
+                row.amx_peak_gflops = max(amx_before, amx.measure(0.01, 3))
         capacity = row.peak_gflops * count
         for name, seconds, (faulted, called) in zip(("ours", "torch"), times, faults,
                                                     strict=False):
@@ -281,6 +291,7 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
             setattr(row, f"{name}_pct_peak", 100 * flops / median / 1e9 / capacity)
             setattr(row, f"{name}_best_pct_peak", 100 * flops / best / 1e9 / capacity)
             setattr(row, f"{name}_faults_per_call", faulted / max(1, called))
+        amx_shares(row)
         row.ours_best_ms = min(times[0]) * 1e3
         if row.torch_gflops:
             row.ratio = row.ours_gflops / row.torch_gflops
@@ -299,6 +310,18 @@ def run_case(case: Case, threads: Sequence[int], args: argparse.Namespace,
             row.tuned_plan = tuned_plan_text(case.layer, count)
         rows.append(row)
     return rows
+
+
+def amx_shares(row: Row) -> None:
+    """Sets a row's shares of the AMX tile peak (amx_peak_gflops x threads) from its
+    GFLOP/s, where the row has that peak."""
+    if not row.amx_peak_gflops:
+        return
+    capacity = row.amx_peak_gflops * row.threads
+    for name, gflops in (("ours", row.ours_gflops), ("ours_best", row.ours_best_gflops),
+                         ("torch", row.torch_gflops)):
+        if gflops:
+            setattr(row, f"{name}_pct_amx_peak", 100 * gflops / capacity)
 
 
 def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
@@ -332,6 +355,8 @@ def merge_rounds(rounds: list[list[Row]]) -> list[Row]:
                     median_present([getattr(r, f"{name}_faults_per_call") for r in same]))
         if row.ours_best_gflops:
             row.ours_best_ms = row.flops / row.ours_best_gflops / 1e6
+        row.amx_peak_gflops = median_present([r.amx_peak_gflops for r in same])
+        amx_shares(row)
         row.ratio = median_present([r.ratio for r in same])
         row.tuned_gain = median_present([r.tuned_gain for r in same])
         if row.tuned_gain is not None:

@@ -19,16 +19,18 @@ import numpy as np
 
 from convgrad import kernels
 from convgrad.codegen import generator_version
+from convgrad.codegen.isa import AMX_FEATURES
 from convgrad.codegen.targets import host
 from convgrad.compiler import compile_objects, compiler_identity
-from convgrad.cpu import available_isas, cpu_model, selected_isa
+from convgrad.cpu import available_isas, cpu_features, cpu_model, selected_isa
 
 _PEAK_SOURCE = r"""
 typedef float vf __attribute__((vector_size(VBYTES)));
 
 /* ACC independent chains of acc = acc * scale + add: with -mfma, one FMA each. */
-double convgrad_bench_fma(long iterations, float scale)
+double convgrad_bench_peak(long iterations)
 {
+    volatile float scale = 0.999f;
     const vf zero = {0};
     const vf mul = zero + scale, add = zero + 1e-3f;
     vf acc[ACC];
@@ -51,35 +53,94 @@ double convgrad_bench_fma(long iterations, float scale)
 # throughput, few enough to stay in registers (32 zmm, 16 ymm/xmm).
 _PEAK_SHAPE = {"avx512bf16": (64, 24), "avx512": (64, 24), "avx2": (32, 12), "portable": (16, 12)}
 
+_AMX_PEAK_SOURCE = r"""
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
-class Peak:
-    """The single-thread f32 FMA peak of one ISA path, measured again whenever asked:
-    the clock wanders (turbo, other tenants), so every row of bench.py gives its share
-    of a peak measured next to it in the same process."""
+/* Whether Linux grants this process the tile data (ARCH_REQ_XCOMP_PERM, XTILEDATA). */
+int convgrad_bench_amx_usable(void)
+{
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
 
-    def __init__(self, isa: str) -> None:
+/* Four independent tile sums (16 x 16 f32 each), each grown by one 16 x 32 by 32 x 16
+ * bf16 multiply (tdpbf16ps, 16,384 flops) per step from tiles that stay loaded: what
+ * the tile unit does when nothing waits on memory. */
+__attribute__((target("amx-tile,amx-bf16")))
+double convgrad_bench_peak(long iterations)
+{
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t bytes_per_row[16];
+        uint8_t rows[16];
+    } config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+        config.bytes_per_row[t] = 64;
+        config.rows[t] = 16;
+    }
+    static uint16_t values[16 * 32] __attribute__((aligned(64)));
+    for (int i = 0; i < 16 * 32; ++i)
+        values[i] = 0x3a83;  /* bf16 0.001 */
+    _tile_loadconfig(&config);
+    _tile_loadd(4, values, 64);
+    _tile_loadd(5, values, 64);
+    _tile_loadd(6, values, 64);
+    _tile_loadd(7, values, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long n = 0; n < iterations; ++n) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    static float sums[16 * 16] __attribute__((aligned(64)));
+    double total = 0.0;
+    _tile_stored(0, sums, 64);
+    total += sums[0];
+    _tile_stored(3, sums, 64);
+    total += sums[255];
+    _tile_release();
+    return total;
+}
+"""
+
+
+class PeakLoop:
+    """A small generated C loop of known flops per step, timed whenever asked: the
+    clock wanders (turbo, other tenants), so every row of bench.py gives its share of a
+    peak measured next to it in the same process."""
+
+    def __init__(self, source: str, isa: str, flops_per_iteration: int) -> None:
         self.isa = isa
-        vbytes, accumulators = _PEAK_SHAPE[isa]
         with tempfile.TemporaryDirectory(prefix="convgrad-bench-peak-") as tmp:
-            source = Path(tmp) / "peak.c"
-            source.write_text(f"#define VBYTES {vbytes}\n#define ACC {accumulators}\n"
-                              + _PEAK_SOURCE)
+            path = Path(tmp) / "peak.c"
+            path.write_text(source)
             library = Path(tmp) / "peak.so"
-            compile_objects([source], library, isa)
+            compile_objects([path], library, isa)
             self._ffi = cffi.FFI()
-            self._ffi.cdef("double convgrad_bench_fma(long, float);")
-            self._function = self._ffi.dlopen(str(library)).convgrad_bench_fma
-        self._flops_per_iteration = 2 * accumulators * vbytes // 4
+            self._ffi.cdef("double convgrad_bench_peak(long);"
+                           "int convgrad_bench_amx_usable(void);")
+            self._library = self._ffi.dlopen(str(library))
+            self._function = self._library.convgrad_bench_peak
+        self._flops_per_iteration = flops_per_iteration
         self._iterations_per_second: float | None = None
 
     def measure(self, seconds: float = 0.05, runs: int = 7) -> float:
-        """GFLOP/s of one thread's independent FMA chains: the best of `runs` runs of
-        about `seconds` each."""
+        """GFLOP/s of one thread running the loop: the best of `runs` runs of about
+        `seconds` each."""
         if self._iterations_per_second is None:  # calibrate once
-            iterations = 100_000
+            iterations = 10_000
             while True:
                 begin = time.perf_counter()
-                self._function(iterations, 0.999)
+                self._function(iterations)
                 elapsed = time.perf_counter() - begin
                 if elapsed >= 0.01:
                     break
@@ -89,10 +150,34 @@ class Peak:
         best = 0.0
         for _ in range(runs):
             begin = time.perf_counter()
-            self._function(iterations, 0.999)
+            self._function(iterations)
             best = max(best, iterations * self._flops_per_iteration
                        / (time.perf_counter() - begin))
         return best / 1e9
+
+
+class Peak(PeakLoop):
+    """The single-thread f32 FMA peak of one ISA path; with `amx` (where the path is
+    avx512bf16 and the CPU and Linux let this process run AMX-BF16 tiles) also the bf16
+    tile peak (`self.amx`, a PeakLoop; None elsewhere)."""
+
+    def __init__(self, isa: str, amx: bool = False) -> None:
+        vbytes, accumulators = _PEAK_SHAPE[isa]
+        super().__init__(f"#define VBYTES {vbytes}\n#define ACC {accumulators}\n"
+                         + _PEAK_SOURCE,
+                         isa, 2 * accumulators * vbytes // 4)
+        self.amx = amx_peak(isa) if amx else None
+
+
+def amx_peak(isa: str) -> PeakLoop | None:
+    """The bf16 AMX tile peak loop where convgrad's kernels may run AMX (the avx512bf16
+    path, AMX-TILE and AMX-BF16 in the CPU, CONVGRAD_AMX not 0) and Linux grants this
+    process the tile data; else None."""
+    if (isa != "avx512bf16" or not cpu_features() >= AMX_FEATURES
+            or os.environ.get("CONVGRAD_AMX") == "0"):
+        return None
+    loop = PeakLoop(_AMX_PEAK_SOURCE, isa, 4 * 2 * 16 * 16 * 32)
+    return loop if loop._library.convgrad_bench_amx_usable() else None
 
 
 def pin(threads: int) -> list[int]:

@@ -35,14 +35,18 @@ def columns(header: Sequence[str], lines: Sequence[Sequence[str]]) -> str:
 
 def table(rows: list[Row]) -> str:
     tuned = any(r.tuned_gflops for r in rows)
+    amx = any(r.amx_peak_gflops for r in rows)
     header = ["layer", "op", "threads", "ours GFLOP/s", "torch GFLOP/s", "ratio",
               "ours % peak", "fastest % peak", "torch % peak", "faults/call",
               "first call ms"]
+    header += ["ours % AMX", "fastest % AMX", "torch % AMX"] if amx else []
     header += ["tuned GFLOP/s", "tuned ratio", "tuned gain", "tuned plan"] if tuned else []
     lines = [[r.layer, r.op, str(r.threads), fmt(r.ours_gflops, 2), fmt(r.torch_gflops, 2),
               fmt(r.ratio, 3), fmt(r.ours_pct_peak, 1), fmt(r.ours_best_pct_peak, 1),
               fmt(r.torch_pct_peak, 1), fmt(r.ours_faults_per_call, 0),
               fmt(r.first_call_ms, 0)]
+             + ([fmt(r.ours_pct_amx_peak, 1), fmt(r.ours_best_pct_amx_peak, 1),
+                 fmt(r.torch_pct_amx_peak, 1)] if amx else [])
              + ([fmt(r.tuned_gflops, 2), fmt(r.tuned_ratio, 3), fmt(r.tuned_gain, 3),
                  r.tuned_plan] if tuned else [])
              for r in rows]
@@ -68,6 +72,11 @@ def geomeans(rows: list[Row]) -> list[dict]:
                 "pct_peak": geomean([r.ours_pct_peak for r in group if r.ours_pct_peak]),
                 "best_pct_peak": geomean([r.ours_best_pct_peak for r in group
                                           if r.ours_best_pct_peak])}
+        if any(r.ours_pct_amx_peak for r in group):
+            mean["pct_amx_peak"] = geomean([r.ours_pct_amx_peak for r in group
+                                            if r.ours_pct_amx_peak])
+            mean["torch_pct_amx_peak"] = geomean([r.torch_pct_amx_peak for r in group
+                                                  if r.torch_pct_amx_peak])
         if any(r.tuned_gain for r in group):
             mean["tuned_geomean_ratio"] = geomean([r.tuned_ratio for r in group
                                                     if r.tuned_ratio])

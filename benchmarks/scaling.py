@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                 tempfile.TemporaryDirectory(prefix="convgrad-scaling-cache-"))}))
         stack.callback(convgrad.set_num_threads, None)
         stack.callback(torch.set_num_threads, saved_torch_threads)
-        peak = Peak(selected_isa())
+        peak = Peak(selected_isa(), amx=args.dtype == "bf16")
         machine = machine_info(peak.measure())
         print(f"{machine['cpu']}, {len(os.sched_getaffinity(0))} CPUs for this process; "
               f"convgrad {machine['isa']}, torch {machine['torch']}; threads "

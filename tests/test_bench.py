@@ -38,6 +38,47 @@ def test_benchmark_writes_table_csv_json_and_plot(tmp_path, capsys, weights_form
     assert (tmp_path / "results.png").stat().st_size > 0
 
 
+def test_amx_peak_only_where_the_kernels_may_use_amx(monkeypatch):
+    """The AMX tile peak is measured on the avx512bf16 path of a CPU with AMX-BF16 (and
+    there reads far above the f32 FMA peak: 16 x 16 x 32 multiply-adds per tile
+    instruction), and never on a lesser path or with CONVGRAD_AMX=0."""
+    from benchmarks.machine import Peak
+    from convgrad.codegen.isa import AMX_FEATURES
+    from convgrad.cpu import available_isas, cpu_features
+
+    assert Peak("avx2", amx=True).amx is None
+    if "avx512bf16" not in available_isas() or not cpu_features() >= AMX_FEATURES:
+        pytest.skip("this CPU has no AMX-BF16")
+    peak = Peak("avx512bf16", amx=True)
+    assert peak.amx is not None and peak.amx.measure(0.01, 3) > 4 * peak.measure(0.01, 3)
+    assert Peak("avx512bf16").amx is None
+    monkeypatch.setenv("CONVGRAD_AMX", "0")
+    assert Peak("avx512bf16", amx=True).amx is None
+
+
+def test_bf16_rows_give_their_share_of_the_amx_peak(tmp_path):
+    """On a CPU with AMX-BF16, a bf16 row gives both libraries' shares of the tile peak
+    measured next to it: GFLOP/s over (that peak x threads)."""
+    from convgrad.codegen.isa import AMX_FEATURES
+    from convgrad.cpu import available_isas, cpu_features
+
+    if "avx512bf16" not in available_isas() or not cpu_features() >= AMX_FEATURES:
+        pytest.skip("this CPU has no AMX-BF16")
+    status = bench.main(["--set", "resnet50", "--layers", "res2a_branch2a", "--limit", "1",
+                         "--threads", "1", "--ops", "fwd", "--dtype", "bf16",
+                         "--min-time", "0.01", "--batch", "1", "--out", str(tmp_path)])
+    assert status == 0
+    (row,) = csv.DictReader((tmp_path / "results.csv").open())
+    amx = float(row["amx_peak_gflops"])
+    assert amx > 4 * float(row["peak_gflops"])
+    for name in ("ours", "torch"):
+        assert float(row[f"{name}_pct_amx_peak"]) == pytest.approx(
+            100 * float(row[f"{name}_gflops"]) / amx)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["machine"]["peak_amx_bf16_gflops_per_core"] > 0
+    assert results["geomean"][0]["pct_amx_peak"] > 0
+
+
 def test_alone_times_convgrad_pinned_without_torch_calls(tmp_path, monkeypatch):
     """--alone: PyTorch checks the result once but is not timed; while convgrad is
     timed, the process runs on as many CPUs as threads, and the affinity comes back."""
