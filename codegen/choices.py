@@ -138,6 +138,7 @@ class DirectChoices(RowTileChoices):
     weight_packing: str
     amx_band_pixels: int | None = None
     amx_pack: str | None = None
+    amx_patches: bool | None = None
     amx_phases: bool | None = None
     amx_pointwise: bool | None = None
     ncx_block_chunk: int | None = None

@@ -21,6 +21,13 @@ AMX_BAND_PIXELS = 1024
 # sums go in and out of its tiles once per 8 multiplies or fewer.
 AMX_WEIGHT_BAND_BYTES = 1 << 20
 AMX_WEIGHT_MIN_BAND = 256
+# Forward convolutions over fewer input channels than this (an image's 3) multiply
+# patches (amx_patches.h.j2): each output pixel's TAPS x CIN input values, at most
+# AMX_PATCH_VALUES of them, zeros up to whole multiplies of 32; a band of AMX_PATCH_PIXELS
+# output pixels' patches at a time per thread (conv1, 7x7x3: 256 x 320 bytes).
+AMX_PATCH_CHANNELS = 16
+AMX_PATCH_VALUES = 512
+AMX_PATCH_PIXELS = 128
 
 
 def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -29,12 +36,17 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
     taps (the copies of a band are made once per depth tap) and any strides: fwd and
     bwd_weights by phase of the stride (the band's copies split the input by phase),
     bwd_data with taps by phase of the result (amx_phases.h.j2), 1x1 bwd_data with the
-    result's pixels between zero. The kernel takes it on a CPU with AMX-BF16 (which it
-    checks at run time), else runs its other tiles."""
+    result's pixels between zero. Channels-last forward convolutions over fewer than
+    AMX_PATCH_CHANNELS input channels multiply patches of the input instead (amx_patches).
+    The kernel takes it on a CPU with AMX-BF16 (which it checks at run time), else runs
+    its other tiles."""
     one_by_one = all(k == 1 for k in config.kernel)
     pointwise = config.pointwise or (config.family == "bwd_data" and one_by_one)
-    eligible = (config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
-                and reduced_channels(config) % 32 == 0 and config.vector_channels % 32 == 0)
+    amx_isa = config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
+    if amx_isa and plan.get("amx", 1) and takes_patches(config):
+        return {"amx": True, "amx_patches": True, "amx_band_pixels": AMX_PATCH_PIXELS}
+    eligible = (amx_isa and reduced_channels(config) % 32 == 0
+                and config.vector_channels % 32 == 0)
     if not (eligible and plan.get("amx", 1)):
         return {"amx": False}
     if config.family == "bwd_weights":
@@ -51,5 +63,14 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
     else:
         pack = "rows" if one_tap or fmt in ("XIO", "OXI") else "values"
     phases = config.family == "bwd_data" and not pointwise and any(s > 1 for s in config.strides)
-    return {"amx": True, "amx_pointwise": pointwise, "amx_phases": phases, "amx_pack": pack,
-            "amx_band_pixels": AMX_BAND_PIXELS}
+    return {"amx": True, "amx_patches": False, "amx_pointwise": pointwise,
+            "amx_phases": phases, "amx_pack": pack, "amx_band_pixels": AMX_BAND_PIXELS}
+
+
+def takes_patches(config: KernelConfig) -> bool:
+    """Whether a forward convolution's AMX path multiplies patches (amx_patches.h.j2):
+    channels last, fewer than AMX_PATCH_CHANNELS input channels, output channels in
+    whole blocks of 32, at most AMX_PATCH_VALUES values a patch."""
+    return (config.family == "fwd" and config.data_format == "NXC"
+            and config.cin_per_group < AMX_PATCH_CHANNELS and config.cout_per_group % 32 == 0
+            and prod(config.kernel) * config.cin_per_group <= AMX_PATCH_VALUES)

@@ -112,6 +112,45 @@ def test_amx_tiles_never_multiply_inf_by_padding(isa, op):
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+@pytest.mark.parametrize("where", ["src", "weights"])
+def test_amx_patches_keep_inf_where_the_products_are(isa, where):
+    """The AMX patches of a forward convolution over 3 channels: an inf in src at the
+    image's corner multiplies only its own products (the patches' zeros meet finite
+    weights, and the AMX path runs: its workspace is its own); an inf weight would meet
+    the zeros where a tap reads past the input, so that call takes the other tiles. Both
+    give the result of the kernel without AMX, infs and NaNs where they are."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+
+    case = make_case("ConvTransposeBackwardData", spatial=(9, 8), kernel=(3, 3),
+                     in_channels=32, out_channels=3, batch=1, data_format="NXC",
+                     dtype="bf16", seed=26, attrs=dict(strides=[2, 2], pads_begin=1,
+                                                       pads_end=1))
+    a, b = case.inputs[:2]
+    if where == "src":
+        a[0, 0, 0, 1] = np.inf
+    else:
+        # XOI: tap (0, 0), which reads above the input for the first output row; the
+        # forward op's input channel 2 into its output channel 5
+        b[0, 0, 2, 5] = -np.inf
+    problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+    config = problem.config.with_isa(isa)
+    results, sizes = [], []
+    for plan in ({"bf16_dot": 0}, {"bf16_dot": 0, "amx": 0}):
+        kernel = kernels.get_kernel(config, plan)
+        dims = kernels.dims_of(problem, 2)
+        first, second = (b, a) if problem.swap_inputs else (a, b)
+        out = np.zeros(problem.output_shape, a.dtype)
+        sizes.append(kernel.workspace_size(dims))
+        kernels.call(kernel, problem, dims, first, second, out,
+                     np.empty(sizes[-1], dtype=np.uint8))
+        results.append(out.astype(np.float32))
+    assert (sizes[0] != sizes[1]) == HAS_AMX
+    assert np.isinf(results[1]).any()
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
 def test_amx_tiles_flushes_denormals(isa):
     """AMX reads bf16 denormals as zero and flushes denormal f32 sums, as vdpbf16ps does
     (README): on a CPU with AMX, 1.5 x 2^-126 - 1.25 x 2^-126 gives 0, and a denormal

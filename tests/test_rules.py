@@ -152,7 +152,8 @@ def test_channels_first_pointwise_passes_by_rule():
 def test_amx_tiles_by_rule():
     """The AMX path is carried by bf16 gradients (either layout) of one group with channels
     in multiples of 32 on both sides, on the avx512bf16 path, with any taps and strides
-    (backward data with strides and taps by phase of the result)."""
+    (backward data with strides and taps by phase of the result), and by channels-last
+    forward convolutions over few input channels (patches)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.plan import candidates
     from convgrad.codegen.rules_amx import amx_tiles
@@ -190,6 +191,19 @@ def test_amx_tiles_by_rule():
     for other in (dict(dtype="f32"), dict(dtype="f16"), dict(isa="avx512"),
                   dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2)):
         assert not amx_tiles(config(**other))["amx"], other
+    # forward convolutions over fewer than 16 input channels (an image's 3) multiply
+    # patches, channels last, output channels in blocks of 32, at most 512 patch values
+    conv1 = dict(op="ConvTransposeBackwardData", channels=(64, 3), kernel=(7, 7),
+                 spatial=(15, 15), strides=(2, 2))
+    assert amx_tiles(config(**conv1))["amx_patches"]
+    assert amx_tiles(config(**{**conv1, "channels": (32, 15), "kernel": (3, 3)}))[
+        "amx_patches"]
+    assert not amx_tiles(config(**{**conv1, "channels": (64, 32)}))["amx_patches"]
+    assert not amx_tiles(config(**conv1), {"amx": 0})["amx"]
+    for other in (dict(channels=(64, 16)), dict(channels=(48, 3)), dict(fmt="NCX"),
+                  dict(kernel=(15, 15), spatial=(31, 31)), dict(dtype="f32"),
+                  dict(op="ConvolutionBackwardData", channels=(3, 64))):
+        assert not amx_tiles(config(**{**conv1, **other})).get("amx_patches"), other
 
 
 def test_streaming_is_planned_for_f32_channels_last_data_only():

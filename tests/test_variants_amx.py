@@ -216,6 +216,68 @@ def test_amx_tiles_weights(isa, op, weights_format, data_format, geometry):
             assert_exact(case, out)
 
 
+AMX_PATCH_GEOMETRY = {  # forward convolutions over few input channels: patches
+    "7x7 s2": dict(spatial=(13, 11), kernel=(7, 7),
+                   attrs=dict(strides=[2, 2], pads_begin=3, pads_end=3)),
+    "3x3 s2": dict(spatial=(9, 8), kernel=(3, 3),
+                   attrs=dict(strides=[2, 2], pads_begin=1, pads_end=1)),
+    "dilated": dict(spatial=(8, 10), kernel=(2, 3),
+                    attrs=dict(dilations=[2, 2], pads_begin=[1, 2], pads_end=[0, 1])),
+    "uneven pads": dict(spatial=(6, 7), kernel=(3, 2),
+                        attrs=dict(strides=[1, 3], pads_begin=[2, 0], pads_end=[0, 4])),
+    "1d": dict(spatial=(19,), kernel=(5,), attrs=dict(pads_begin=2, pads_end=2)),
+    "3d": dict(spatial=(3, 5, 6), kernel=(2, 3, 3),
+               attrs=dict(strides=[1, 2, 2], pads_begin=[1, 1, 1], pads_end=[0, 1, 1])),
+    "1x1": dict(spatial=(5, 7), kernel=(1, 1)),
+    "many bands": dict(spatial=(46, 30), kernel=(3, 3), attrs=dict(pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+@pytest.mark.parametrize("geometry,weights_format,channels", [
+    (name, ("IOX", "XOI", "IXO")[k % 3], ((3, 64), (1, 32), (4, 96), (15, 32))[k % 4])
+    for k, name in enumerate(sorted(AMX_PATCH_GEOMETRY))])
+def test_amx_tiles_patches(isa, geometry, weights_format, channels):
+    """bf16 channels-last forward convolutions over 1 to 15 input channels on AMX tiles,
+    where the CPU has them: each output pixel's patch (its taps' input values, zeros
+    where a tap reads past the input, then zeros up to whole multiplies) copied a band of
+    output pixels at a time, blocks across rows and images ("many bands": several
+    bands an image, a last band's partial block), all three weight layouts, 1 to 3
+    threads, a result first filled with garbage. On a CPU with AMX the workspace is the
+    patches' (packed weights, one band per thread it wakes), so a silent fallback fails;
+    elsewhere it is the other tiles'."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.rules_amx import AMX_PATCH_PIXELS
+
+    cin, cout = channels
+    patch = -(-cin * int(np.prod(AMX_PATCH_GEOMETRY[geometry]["kernel"])) // 32) * 32
+    for batch in (1, 3):
+        case = make_case("ConvTransposeBackwardData", **AMX_PATCH_GEOMETRY[geometry],
+                         in_channels=cout, out_channels=cin, batch=batch,
+                         weights_format=weights_format, dtype="bf16", seed=25)
+        a, b = case.inputs[:2]
+        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+        config = problem.config.with_isa(isa)
+        assert (config.family, config.cin_per_group, config.cout_per_group) == ("fwd", cin,
+                                                                                cout)
+        kernel = kernels.get_kernel(config, {"bf16_dot": 0})
+        other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
+        for threads in (1, 2, 3):
+            dims = kernels.dims_of(problem, threads)
+            size = kernel.workspace_size(dims)
+            # one band per thread the call wakes (a small call wakes fewer)
+            amx_bytes = {sum(-(-part // 64) * 64 for part in (
+                cout * patch * 2, used * AMX_PATCH_PIXELS * patch * 2)) + 64
+                         for used in range(1, threads + 1)}
+            assert size in amx_bytes if HAS_AMX else size == other.workspace_size(dims)
+            first, second = (b, a) if problem.swap_inputs else (a, b)
+            out = np.full(problem.output_shape, 7, a.dtype)
+            kernels.call(kernel, problem, dims, first, second, out,
+                         np.empty(size, dtype=np.uint8))
+            assert_exact(case, out)
+
+
 AMX_OFF_CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
