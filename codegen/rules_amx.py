@@ -24,7 +24,7 @@ AMX_WEIGHT_MIN_BAND = 256
 # Forward convolutions over fewer input channels than this (an image's 3) multiply
 # patches (amx_patches.h.j2): each output pixel's TAPS x CIN input values, at most
 # AMX_PATCH_VALUES of them, zeros up to whole multiplies of 32; a band of AMX_PATCH_PIXELS
-# output pixels' patches at a time per thread (conv1, 7x7x3: 256 x 320 bytes).
+# output pixels' patches at a time per thread (conv1, 7x7x3: 128 x 320 bytes, 40 KB).
 AMX_PATCH_CHANNELS = 16
 AMX_PATCH_VALUES = 512
 AMX_PATCH_PIXELS = 128
@@ -36,8 +36,8 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
     taps (the copies of a band are made once per depth tap) and any strides: fwd and
     bwd_weights by phase of the stride (the band's copies split the input by phase),
     bwd_data with taps by phase of the result (amx_phases.h.j2), 1x1 bwd_data with the
-    result's pixels between zero. Channels-last forward convolutions over fewer than
-    AMX_PATCH_CHANNELS input channels multiply patches of the input instead (amx_patches).
+    result's pixels between zero. Forward convolutions over fewer than AMX_PATCH_CHANNELS
+    input channels multiply patches of the input instead (amx_patches.h.j2).
     The kernel takes it on a CPU with AMX-BF16 (which it checks at run time), else runs
     its other tiles."""
     one_by_one = all(k == 1 for k in config.kernel)
@@ -69,8 +69,9 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
 
 def takes_patches(config: KernelConfig) -> bool:
     """Whether a forward convolution's AMX path multiplies patches (amx_patches.h.j2):
-    channels last, fewer than AMX_PATCH_CHANNELS input channels, output channels in
-    whole blocks of 32, at most AMX_PATCH_VALUES values a patch."""
-    return (config.family == "fwd" and config.data_format == "NXC"
-            and config.cin_per_group < AMX_PATCH_CHANNELS and config.cout_per_group % 32 == 0
+    fewer than AMX_PATCH_CHANNELS input channels, output channels in whole blocks of 32,
+    at most AMX_PATCH_VALUES values a patch (channels first through channels-last
+    copies)."""
+    return (config.family == "fwd" and config.cin_per_group < AMX_PATCH_CHANNELS
+            and config.cout_per_group % 32 == 0
             and prod(config.kernel) * config.cin_per_group <= AMX_PATCH_VALUES)

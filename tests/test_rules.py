@@ -192,7 +192,7 @@ def test_amx_tiles_by_rule():
                   dict(channels=(64, 80)), dict(channels=(48, 64)), dict(groups=2)):
         assert not amx_tiles(config(**other))["amx"], other
     # forward convolutions over fewer than 16 input channels (an image's 3) multiply
-    # patches, channels last, output channels in blocks of 32, at most 512 patch values
+    # patches, output channels in blocks of 32, at most 512 patch values
     conv1 = dict(op="ConvTransposeBackwardData", channels=(64, 3), kernel=(7, 7),
                  spatial=(15, 15), strides=(2, 2))
     assert amx_tiles(config(**conv1))["amx_patches"]
@@ -200,7 +200,8 @@ def test_amx_tiles_by_rule():
         "amx_patches"]
     assert not amx_tiles(config(**{**conv1, "channels": (64, 32)}))["amx_patches"]
     assert not amx_tiles(config(**conv1), {"amx": 0})["amx"]
-    for other in (dict(channels=(64, 16)), dict(channels=(48, 3)), dict(fmt="NCX"),
+    assert amx_tiles(config(**{**conv1, "fmt": "NCX"}))["amx_patches"]  # through copies
+    for other in (dict(channels=(64, 16)), dict(channels=(48, 3)),
                   dict(kernel=(15, 15), spatial=(31, 31)), dict(dtype="f32"),
                   dict(op="ConvolutionBackwardData", channels=(3, 64))):
         assert not amx_tiles(config(**{**conv1, **other})).get("amx_patches"), other

@@ -234,17 +234,18 @@ AMX_PATCH_GEOMETRY = {  # forward convolutions over few input channels: patches
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("geometry,weights_format,channels", [
-    (name, ("IOX", "XOI", "IXO")[k % 3], ((3, 64), (1, 32), (4, 96), (15, 32))[k % 4])
-    for k, name in enumerate(sorted(AMX_PATCH_GEOMETRY))])
-def test_amx_tiles_patches(isa, geometry, weights_format, channels):
-    """bf16 channels-last forward convolutions over 1 to 15 input channels on AMX tiles,
-    where the CPU has them: each output pixel's patch (its taps' input values, zeros
-    where a tap reads past the input, then zeros up to whole multiplies) copied a band of
-    output pixels at a time, blocks across rows and images ("many bands": several
-    bands an image, a last band's partial block), all three weight layouts, 1 to 3
-    threads, a result first filled with garbage. On a CPU with AMX the workspace is the
-    patches' (packed weights, one band per thread it wakes), so a silent fallback fails;
+@pytest.mark.parametrize("geometry,weights_format,channels,data_format", [
+    (name, ("IOX", "XOI", "IXO")[k % 3], ((3, 64), (1, 32), (4, 96), (15, 32))[k % 4],
+     ("NXC", "NCX")[k // 2 % 2]) for k, name in enumerate(sorted(AMX_PATCH_GEOMETRY))])
+def test_amx_tiles_patches(isa, geometry, weights_format, channels, data_format):
+    """bf16 forward convolutions over 1 to 15 input channels on AMX tiles, where the CPU
+    has them (channels first through channels-last copies, a pixel at a time for so few
+    channels): each output pixel's patch (its taps' input values, zeros where a tap
+    reads past the input, then zeros up to whole multiplies) copied a band of output
+    pixels at a time, blocks across rows and images ("many bands": several bands an
+    image, a last band's partial block), all three weight layouts, 1 to 3 threads, a
+    result first filled with garbage. On a CPU with AMX the workspace is the patches'
+    (packed weights, one band per thread it wakes, NCX copies), so a silent fallback fails;
     elsewhere it is the other tiles'."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
@@ -255,7 +256,8 @@ def test_amx_tiles_patches(isa, geometry, weights_format, channels):
     for batch in (1, 3):
         case = make_case("ConvTransposeBackwardData", **AMX_PATCH_GEOMETRY[geometry],
                          in_channels=cout, out_channels=cin, batch=batch,
-                         weights_format=weights_format, dtype="bf16", seed=25)
+                         data_format=data_format, weights_format=weights_format,
+                         dtype="bf16", seed=25)
         a, b = case.inputs[:2]
         problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
         config = problem.config.with_isa(isa)
@@ -267,9 +269,11 @@ def test_amx_tiles_patches(isa, geometry, weights_format, channels):
             dims = kernels.dims_of(problem, threads)
             size = kernel.workspace_size(dims)
             # one band per thread the call wakes (a small call wakes fewer)
+            copies = [a.size * 2, int(np.prod(problem.output_shape)) * 2]
             amx_bytes = {sum(-(-part // 64) * 64 for part in (
-                cout * patch * 2, used * AMX_PATCH_PIXELS * patch * 2)) + 64
-                         for used in range(1, threads + 1)}
+                cout * patch * 2, used * AMX_PATCH_PIXELS * patch * 2,
+                *(copies if data_format == "NCX" else []))) + 64
+                for used in range(1, threads + 1)}
             assert size in amx_bytes if HAS_AMX else size == other.workspace_size(dims)
             first, second = (b, a) if problem.swap_inputs else (a, b)
             out = np.full(problem.output_shape, 7, a.dtype)
