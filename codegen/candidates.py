@@ -9,9 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from convgrad.codegen.config import KernelConfig
-from convgrad.codegen.rules_amx import amx_tiles
 from convgrad.codegen.rules_common import uses_bf16_dot
-from convgrad.codegen.variants import render_context, resolve_plan
+from convgrad.codegen.variants import carries_amx, render_context, resolve_plan
 from convgrad.codegen.vendors import WIDEN_BF16_VENDORS, vendor_plan
 
 MAX_CANDIDATES = 8
@@ -21,17 +20,17 @@ def _variations(config: KernelConfig, vendor: str = "") -> list[dict[str, int]]:
     """Plans that change one or two of the rules' choices for this configuration; for
     bf16 pairs also the widened path's (those of the avx512 path's kernel, which widens
     alike), first where the vendor's rules widen, and the kernels without AMX."""
+    # without AMX, where the kernel carries it (the other plans differ only where the
+    # CPU lacks it)
+    amx = [{"amx": 0}, {"bf16_dot": 0, "amx": 0}] if carries_amx(config) else []
     if not uses_bf16_dot(config):
         found = _one_path_variations(config)
         if uses_bf16_dot(config, {"bf16_dot": 1}):  # widened for col2im by rule
             found.insert(1, {"bf16_dot": 1})
-        return found
+        return amx[:1] + found
     pairs = _one_path_variations(config)
     widened = [{"bf16_dot": 0, **plan}
                for plan in _one_path_variations(replace(config, isa="avx512"))]
-    # without AMX, where the kernel carries it (the other plans differ only where the
-    # CPU lacks it)
-    amx = [{"amx": 0}, {"bf16_dot": 0, "amx": 0}] if amx_tiles(config)["amx"] else []
     if vendor in WIDEN_BF16_VENDORS:
         return [{"bf16_dot": 0}, *amx[::-1], *widened, *pairs]
     return [{"bf16_dot": 0}, *amx, *pairs, *widened]
@@ -53,7 +52,7 @@ def candidates(config: KernelConfig, vendor: str = "",
     found = [first]
     seen = [_spelling(config, first)]
     for plan in [{}, *_variations(config, vendor)]:
-        if first.get("amx") == 0 and amx_tiles(config, plan)["amx"]:
+        if first.get("amx") == 0 and carries_amx(config, plan):
             plan = {**plan, "amx": 0}
         spelling = _spelling(config, plan)
         if spelling not in seen:

@@ -166,7 +166,7 @@ class Col2imChoices(Choices):
     tiles: Tiles
     vec_block: int
     vec_last: int
-    amx: bool = fixed(False)
+    amx: bool
     band_bytes: int = fixed(0)
     column_runs: bool = fixed(False)
     compute_scratch: bool = fixed(True)

@@ -75,3 +75,12 @@ def takes_patches(config: KernelConfig) -> bool:
     return (config.family == "fwd" and config.cin_per_group < AMX_PATCH_CHANNELS
             and config.cout_per_group % 32 == 0
             and prod(config.kernel) * config.cin_per_group <= AMX_PATCH_VALUES)
+
+
+def amx_columns(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
+    """Whether a col2im kernel (backward data with few result channels: conv1's 3)
+    carries the AMX path for its columns (amx_columns.h.j2): bf16 channels last on the
+    avx512bf16 path, one group, reduced channels in whole multiplies of 32."""
+    return {"amx": bool(config.dtype == "bf16" and config.isa == "avx512bf16"
+                        and config.groups == 1 and config.data_format == "NXC"
+                        and config.cout_per_group % 32 == 0 and plan.get("amx", 1))}

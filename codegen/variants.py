@@ -98,6 +98,12 @@ def resolve_plan(config: KernelConfig, plan: Mapping[str, int] | None = None, *,
     return _resolve(config, tuple(sorted((plan or {}).items())), strict)
 
 
+def carries_amx(config: KernelConfig, plan: Mapping[str, int] | None = None) -> bool:
+    """Whether the kernel of `config` under `plan` carries an AMX path (which it takes
+    where the CPU has AMX): the resolved variant's choice, whichever variant that is."""
+    return bool(resolve_plan(config, plan, strict=False).choices.amx)
+
+
 @lru_cache(maxsize=4096)
 def _resolve(config: KernelConfig, items: tuple[tuple[str, int], ...],
              strict: bool) -> KernelPlan:

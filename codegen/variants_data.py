@@ -11,7 +11,7 @@ from convgrad.codegen.choices import AcrossGroupsChoices, Col2imChoices, DirectC
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.isa import VECTOR_LANES
 from convgrad.codegen.plan_choices import EMPTY_PLAN
-from convgrad.codegen.rules_amx import amx_tiles
+from convgrad.codegen.rules_amx import amx_columns, amx_tiles
 from convgrad.codegen.rules_common import MAX_VECTOR_BLOCK, WIDE_VECTOR_BLOCK, reduced_channels
 from convgrad.codegen.rules_data import (
     BAND_BYTES,
@@ -160,7 +160,8 @@ def _col2im_applies(config: KernelConfig, plan: Plan) -> bool:
 def _col2im_fill(config: KernelConfig, plan: Plan) -> dict[str, object]:
     in_place = config.data_format == "NCX" and config.dtype == "f32" and bool(
         plan.get("ncx_in_place", 1))
-    return merged({"input_in_place": in_place}, col2im_tiles(config, plan))
+    return merged({"input_in_place": in_place}, col2im_tiles(config, plan),
+                  amx_columns(config, plan))
 
 
 def _col2im_candidates(config: KernelConfig) -> list[dict[str, int]]:
@@ -172,8 +173,8 @@ def _col2im_candidates(config: KernelConfig) -> list[dict[str, int]]:
             *({"col_pixels": p} for p in (COL_PIXELS // 2, COL_PIXELS * 2))]
 
 
-COL2IM = VariantSpec(Variant.COL2IM, _col2im_applies, (col2im_tiles,), Col2imChoices,
-                     _col2im_fill, _col2im_candidates)
+COL2IM = VariantSpec(Variant.COL2IM, _col2im_applies, (col2im_tiles, amx_columns),
+                     Col2imChoices, _col2im_fill, _col2im_candidates)
 
 
 # --- across groups (depthwise, or lanes over every group's channels) -----------------

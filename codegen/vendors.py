@@ -8,7 +8,6 @@ from collections.abc import Iterable
 
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.isa import AMX_FEATURES, VECTOR_LANES
-from convgrad.codegen.rules_amx import amx_tiles
 from convgrad.codegen.rules_common import (
     MAX_VECTOR_BLOCK,
     uses_bf16_dot,
@@ -23,7 +22,7 @@ from convgrad.codegen.rules_weights import (
     nxc_in_place,
     weight_tiles,
 )
-from convgrad.codegen.variants import Variant, resolve_plan
+from convgrad.codegen.variants import Variant, carries_amx, resolve_plan
 
 # ...but not on Intel's cores, where the same tiles lose to 4 x 3: Sapphire Rapids'
 # avx2 path, ResNet-50 NXC data, batch 8, pair ratios 4 x 3 / 3 x 4 over its 20 layers
@@ -80,7 +79,7 @@ def vendor_plan(config: KernelConfig, vendor: str,
     leaves the AMX path out, which it would never take (it compiles 0.1-0.3 s longer)."""
     plan = {}
     if (features is not None and not set(features) >= AMX_FEATURES
-            and amx_tiles(config)["amx"]):
+            and carries_amx(config)):
         plan["amx"] = 0
     if vendor in WIDEN_BF16_VENDORS and uses_bf16_dot(config):
         return {"bf16_dot": 0, **plan}

@@ -201,6 +201,20 @@ def test_amx_tiles_by_rule():
     assert not amx_tiles(config(**{**conv1, "channels": (64, 32)}))["amx_patches"]
     assert not amx_tiles(config(**conv1), {"amx": 0})["amx"]
     assert amx_tiles(config(**{**conv1, "fmt": "NCX"}))["amx_patches"]  # through copies
+    # backward data by col2im (conv1's 3 result channels) takes its columns on AMX where
+    # it reduces whole multiples of 32 channels, channels last; the tuner times it
+    # without, and a kernel for a CPU without AMX leaves the path out
+    from convgrad.codegen.variants import carries_amx, resolve_plan
+    from convgrad.codegen.vendors import vendor_plan
+
+    data = config(**{**conv1, "op": "ConvolutionBackwardData", "channels": (3, 64)})
+    assert resolve_plan(data).variant.value == "col2im.c.j2" and carries_amx(data)
+    assert {"amx": 0} in candidates(data, "GenuineIntel")
+    assert vendor_plan(data, "GenuineIntel", features=["avx512f"]) == {"amx": 0}
+    assert not carries_amx(data, {"amx": 0})
+    for other in (dict(fmt="NCX"), dict(channels=(3, 48)), dict(isa="avx512")):
+        assert not carries_amx(config(**{**conv1, "op": "ConvolutionBackwardData",
+                                         "channels": (3, 64), **other})), other
     for other in (dict(channels=(64, 16)), dict(channels=(48, 3)),
                   dict(kernel=(15, 15), spatial=(31, 31)), dict(dtype="f32"),
                   dict(op="ConvolutionBackwardData", channels=(3, 64))):

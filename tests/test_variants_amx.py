@@ -282,6 +282,66 @@ def test_amx_tiles_patches(isa, geometry, weights_format, channels, data_format)
             assert_exact(case, out)
 
 
+AMX_COLUMN_GEOMETRY = {  # backward data with few result channels: columns by AMX
+    "7x7 s2": dict(spatial=(11, 9), kernel=(7, 7),
+                   attrs=dict(strides=[2, 2], pads_begin=3, pads_end=3, output_padding=1)),
+    "3x3 s2": dict(spatial=(5, 40), kernel=(3, 3),
+                   attrs=dict(strides=[2, 2], pads_begin=1, pads_end=1)),
+    "dilated": dict(spatial=(6, 35), kernel=(2, 3),
+                    attrs=dict(dilations=[2, 2], pads_begin=[1, 2], pads_end=[0, 1])),
+    "1d": dict(spatial=(70,), kernel=(7,), attrs=dict(pads_begin=2, pads_end=2)),
+    "3d": dict(spatial=(2, 3, 33), kernel=(2, 3, 3),
+               attrs=dict(strides=[1, 2, 2], pads_begin=[1, 1, 1], pads_end=[0, 1, 1])),
+}
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+@pytest.mark.parametrize("geometry,weights_format,channels,col_pixels", [
+    (name, ("XIO", "OIX", "OXI")[k % 3], ((3, 64), (4, 32), (7, 96))[k % 3],
+     (32, 16, 64)[k % 3]) for k, name in enumerate(sorted(AMX_COLUMN_GEOMETRY))])
+def test_amx_tiles_col2im(isa, geometry, weights_format, channels, col_pixels):
+    """bf16 channels-last backward data with 3 to 7 result channels (col2im) on AMX
+    tiles, where the CPU has them: each block of diff_dst pixels times every (tap,
+    result channel) column in whole blocks of 32 (rows of 33-70 pixels: a short last
+    block from a zero-padded copy), the columns added into the result in f32, all three
+    weight layouts, blocks of 16, 32 and 64 pixels, 1 to 3 threads, a result first
+    filled with garbage. On a CPU with AMX the workspace is the AMX columns' (packed
+    weights, the f32 result and each share's columns), so a silent fallback fails."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.variants import resolve_plan
+
+    cin, cout = channels
+    taps = int(np.prod(AMX_COLUMN_GEOMETRY[geometry]["kernel"]))
+    columns = -(-taps * cin // 32) * 32
+    rows = -(-col_pixels // 32) * 32
+    for batch in (1, 2):
+        case = make_case("ConvolutionBackwardData", **AMX_COLUMN_GEOMETRY[geometry],
+                         in_channels=cin, out_channels=cout, batch=batch,
+                         weights_format=weights_format, dtype="bf16", seed=27)
+        a, b = case.inputs[:2]
+        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+        config = problem.config.with_isa(isa)
+        plan = {"bf16_dot": 0, "col2im": 1, "col_pixels": col_pixels}
+        assert resolve_plan(config, plan).variant.value == "col2im.c.j2"
+        kernel = kernels.get_kernel(config, plan)
+        other = kernels.get_kernel(config, {**plan, "amx": 0})
+        result = int(np.prod(problem.output_shape)) * 4
+        for threads in (1, 2, 3):
+            dims = kernels.dims_of(problem, threads)
+            size = kernel.workspace_size(dims)
+            share = (rows * columns + 32 * cout // 2) * 4
+            amx_bytes = {sum(-(-part // 64) * 64 for part in (
+                cout * columns * 2, -(-result // 64) * 64 + used * share)) + 64
+                for used in range(1, threads + 1)}
+            assert size in amx_bytes if HAS_AMX else size == other.workspace_size(dims)
+            first, second = (b, a) if problem.swap_inputs else (a, b)
+            out = np.full(problem.output_shape, 7, a.dtype)
+            kernels.call(kernel, problem, dims, first, second, out,
+                         np.empty(size, dtype=np.uint8))
+            assert_exact(case, out)
+
+
 AMX_OFF_CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
