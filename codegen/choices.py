@@ -233,6 +233,7 @@ class WeightChoices(WeightFamilyChoices):
     unrolled_tiles: Tiles
     vec_block: int
     amx_band_pixels: int | None = None
+    amx_patches: bool | None = None
     few_slices: int = fixed(MAX_SLICES)
     many_slice_pixels: int = fixed(MANY_SLICE_PIXELS)
 

@@ -28,6 +28,10 @@ AMX_WEIGHT_MIN_BAND = 256
 AMX_PATCH_CHANNELS = 16
 AMX_PATCH_VALUES = 512
 AMX_PATCH_PIXELS = 128
+# Output pixels per band of the weight gradients' patches (amx_patch_weights.h.j2): the
+# band's patches, their pixel pairs and diff_dst channels first, per thread (conv1:
+# 2 x 80 KB + 32 KB).
+AMX_PATCH_WEIGHT_PIXELS = 256
 
 
 def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dict:
@@ -44,14 +48,16 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
     pointwise = config.pointwise or (config.family == "bwd_data" and one_by_one)
     amx_isa = config.dtype == "bf16" and config.isa == "avx512bf16" and config.groups == 1
     if amx_isa and plan.get("amx", 1) and takes_patches(config):
-        return {"amx": True, "amx_patches": True, "amx_band_pixels": AMX_PATCH_PIXELS}
+        band = AMX_PATCH_WEIGHT_PIXELS if config.family == "bwd_weights" else AMX_PATCH_PIXELS
+        return {"amx": True, "amx_patches": True, "amx_band_pixels": band}
     eligible = (amx_isa and reduced_channels(config) % 32 == 0
                 and config.vector_channels % 32 == 0)
     if not (eligible and plan.get("amx", 1)):
         return {"amx": False}
     if config.family == "bwd_weights":
         pixels = AMX_WEIGHT_BAND_BYTES // (2 * (config.cin_per_group + config.cout_per_group))
-        return {"amx": True, "amx_band_pixels": max(AMX_WEIGHT_MIN_BAND, pixels)}
+        return {"amx": True, "amx_patches": False,
+                "amx_band_pixels": max(AMX_WEIGHT_MIN_BAND, pixels)}
     # how the weights repack: a pair of reduced channels is one 32-bit word of the user's
     # weights where the reduced channels are their contiguous axis (bwd_data XIO: [i][o],
     # fwd OIX 1x1: [o][i], fwd OXI); the output channels are, in the other two 1x1 cases,
@@ -68,11 +74,12 @@ def amx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> dic
 
 
 def takes_patches(config: KernelConfig) -> bool:
-    """Whether a forward convolution's AMX path multiplies patches (amx_patches.h.j2):
-    fewer than AMX_PATCH_CHANNELS input channels, output channels in whole blocks of 32,
-    at most AMX_PATCH_VALUES values a patch (channels first through channels-last
-    copies)."""
-    return (config.family == "fwd" and config.cin_per_group < AMX_PATCH_CHANNELS
+    """Whether a forward convolution's or weight gradient's AMX path multiplies patches
+    of src (amx_patches.h.j2, amx_patch_weights.h.j2): fewer than AMX_PATCH_CHANNELS
+    input channels, output channels in whole blocks of 32, at most AMX_PATCH_VALUES
+    values a patch (channels first through channels-last copies)."""
+    return (config.family in ("fwd", "bwd_weights")
+            and config.cin_per_group < AMX_PATCH_CHANNELS
             and config.cout_per_group % 32 == 0
             and prod(config.kernel) * config.cin_per_group <= AMX_PATCH_VALUES)
 

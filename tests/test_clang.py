@@ -58,13 +58,18 @@ def test_clang_kernels_are_exact(isa, name, fresh_cache, monkeypatch):
 
 
 @pytest.mark.skipif("avx512bf16" not in available_isas(), reason="needs the avx512bf16 path")
-@pytest.mark.parametrize("op,kernel,data_format,strides", [
-    ("ConvolutionBackwardWeights", (3, 3), "NCX", 1),  # band copies, tiles in an OpenMP region
-    ("ConvolutionBackwardData", (1, 1), "NXC", 1),  # the pointwise AMX path
-    ("ConvolutionBackwardData", (3, 3), "NXC", 1),  # the rows AMX path
-    ("ConvolutionBackwardData", (3, 3), "NXC", 2),  # the phases AMX path
+@pytest.mark.parametrize("op,kernel,data_format,strides,channels", [
+    # band copies, tiles in an OpenMP region
+    ("ConvolutionBackwardWeights", (3, 3), "NCX", 1, (32, 64)),
+    ("ConvolutionBackwardData", (1, 1), "NXC", 1, (32, 64)),  # the pointwise AMX path
+    ("ConvolutionBackwardData", (3, 3), "NXC", 1, (32, 64)),  # the rows AMX path
+    ("ConvolutionBackwardData", (3, 3), "NXC", 2, (32, 64)),  # the phases AMX path
+    # few input channels: patches (forward, weights), columns (col2im's backward data)
+    ("ConvTransposeBackwardData", (3, 3), "NXC", 2, (32, 3)),
+    ("ConvolutionBackwardWeights", (3, 3), "NXC", 2, (3, 32)),
+    ("ConvolutionBackwardData", (3, 3), "NXC", 2, (3, 32)),
 ])
-def test_clang_compiles_the_amx_path(op, kernel, data_format, strides, fresh_cache,
+def test_clang_compiles_the_amx_path(op, kernel, data_format, strides, channels, fresh_cache,
                                      monkeypatch):
     """Kernels carrying the AMX path, built by clang (clang compiles an OpenMP region as a
     function without the target of the one around it, so every AMX intrinsic sits in a
@@ -74,12 +79,17 @@ def test_clang_compiles_the_amx_path(op, kernel, data_format, strides, fresh_cac
     attrs = dict(strides=[strides] * 2)
     if kernel != (1, 1):
         attrs.update(pads_begin=1, pads_end=1)
-    case = make_case(op, spatial=(6, 7), kernel=kernel, in_channels=32, out_channels=64,
-                     data_format=data_format, dtype="bf16", batch=2, seed=6, attrs=attrs)
-    plan = {"bf16_dot": 0} if op == "ConvolutionBackwardWeights" else {}
+    case = make_case(op, spatial=(6, 7), kernel=kernel, in_channels=channels[0],
+                     out_channels=channels[1], data_format=data_format, dtype="bf16",
+                     batch=2, seed=6, attrs=attrs)
+    few = min(channels) < 16
+    plan = {"bf16_dot": 0} if op == "ConvolutionBackwardWeights" or few else {}
+    weights = Variant.WEIGHTS_FLAT if few else Variant.WEIGHTS_PACKED
     size, run = forced_kernel(case, plan, "avx512bf16", threads=2,
-                              variant={"ConvolutionBackwardWeights": Variant.WEIGHTS_PACKED,
-                                       "ConvolutionBackwardData": Variant.DIRECT})
+                              variant={"ConvolutionBackwardWeights": weights,
+                                       "ConvTransposeBackwardData": Variant.DIRECT,
+                                       "ConvolutionBackwardData": Variant.COL2IM if few
+                                       else Variant.DIRECT})
     run(np.empty(size, dtype=np.uint8))  # checks the bits
     (source,) = fresh_cache.glob("convgrad_*.c")
     assert "compute_amx" in source.read_text()

@@ -112,23 +112,29 @@ def test_amx_tiles_never_multiply_inf_by_padding(isa, op):
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
-@pytest.mark.parametrize("where", ["src", "weights"])
+@pytest.mark.parametrize("where", ["src", "weights", "diff_dst"])
 def test_amx_patches_keep_inf_where_the_products_are(isa, where):
     """The AMX patches of a forward convolution over 3 channels: an inf in src at the
     image's corner multiplies only its own products (the patches' zeros meet finite
     weights, and the AMX path runs: its workspace is its own); an inf weight would meet
-    the zeros where a tap reads past the input, so that call takes the other tiles. Both
-    give the result of the kernel without AMX, infs and NaNs where they are."""
+    the zeros where a tap reads past the input, so that call takes the other tiles. The
+    weight gradient's patches meet an inf in diff_dst: a NaN sum, and the other tiles
+    compute the call. Each gives the result of the kernel without AMX, infs and NaNs
+    where they are."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
 
-    case = make_case("ConvTransposeBackwardData", spatial=(9, 8), kernel=(3, 3),
-                     in_channels=32, out_channels=3, batch=1, data_format="NXC",
-                     dtype="bf16", seed=26, attrs=dict(strides=[2, 2], pads_begin=1,
-                                                       pads_end=1))
+    op = "ConvolutionBackwardWeights" if where == "diff_dst" else "ConvTransposeBackwardData"
+    channels = dict(in_channels=3, out_channels=32) if where == "diff_dst" else dict(
+        in_channels=32, out_channels=3)
+    case = make_case(op, spatial=(9, 8), kernel=(3, 3), **channels, batch=1,
+                     data_format="NXC", dtype="bf16", seed=26,
+                     attrs=dict(strides=[2, 2], pads_begin=1, pads_end=1))
     a, b = case.inputs[:2]
     if where == "src":
         a[0, 0, 0, 1] = np.inf
+    elif where == "diff_dst":
+        b[0, 0, 0, 5] = np.inf  # output pixel (0, 0): its taps above and left read padding
     else:
         # XOI: tap (0, 0), which reads above the input for the first output row; the
         # forward op's input channel 2 into its output channel 5

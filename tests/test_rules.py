@@ -201,6 +201,11 @@ def test_amx_tiles_by_rule():
     assert not amx_tiles(config(**{**conv1, "channels": (64, 32)}))["amx_patches"]
     assert not amx_tiles(config(**conv1), {"amx": 0})["amx"]
     assert amx_tiles(config(**{**conv1, "fmt": "NCX"}))["amx_patches"]  # through copies
+    # ...and so do their weight gradients
+    weights = amx_tiles(config(**{**conv1, "op": "ConvolutionBackwardWeights",
+                                  "channels": (3, 64)}))
+    assert weights["amx_patches"] and weights["amx_band_pixels"] == 256
+    assert not amx_tiles(config("ConvolutionBackwardWeights"))["amx_patches"]
     # backward data by col2im (conv1's 3 result channels) takes its columns on AMX where
     # it reduces whole multiples of 32 channels, channels last; the tuner times it
     # without, and a kernel for a CPU without AMX leaves the path out

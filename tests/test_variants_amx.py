@@ -282,6 +282,55 @@ def test_amx_tiles_patches(isa, geometry, weights_format, channels, data_format)
             assert_exact(case, out)
 
 
+@pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
+@pytest.mark.parametrize("geometry,op,weights_format,channels,data_format", [
+    (name, *(("ConvolutionBackwardWeights", "XIO"), ("ConvolutionBackwardWeights", "OIX"),
+             ("ConvolutionBackwardWeights", "OXI"), ("ConvTransposeBackwardWeights", "IOX"))[k % 4],
+     ((3, 64), (1, 32), (4, 96), (15, 32))[k % 4], ("NXC", "NCX")[k // 2 % 2])
+    for k, name in enumerate(sorted(AMX_PATCH_GEOMETRY))])
+def test_amx_tiles_patch_weights(isa, geometry, op, weights_format, channels, data_format):
+    """bf16 weight gradients over 1 to 15 input channels on AMX tiles, where the CPU has
+    them: each band of 256 output pixels' patches of src (channels first through
+    channels-last copies) as pixel pairs and diff_dst channels first, 2 x 2 tiles a block
+    of 32 output channels x 32 patch values, the bands' sums added in f32 ("many bands",
+    a last band's pixels past the output zero), each share filling the rows of taps its
+    blocks read (1 to 3 threads), all weight layouts, weights first filled with garbage.
+    On a CPU with AMX the workspace is the patches' (sums, each share's patches, pairs
+    and diff_dst rows, NCX copies), so a silent fallback fails."""
+    from convgrad import kernels
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.rules_amx import AMX_PATCH_WEIGHT_PIXELS as BAND
+
+    cin, cout = channels
+    patch = -(-cin * int(np.prod(AMX_PATCH_GEOMETRY[geometry]["kernel"])) // 32) * 32
+    for batch in (1, 3):
+        # the ConvTranspose op's channels are its own: its src is the forward's diff_dst
+        ic, oc = (cin, cout) if op == "ConvolutionBackwardWeights" else (cout, cin)
+        case = make_case(op, **AMX_PATCH_GEOMETRY[geometry], in_channels=ic, out_channels=oc,
+                         batch=batch, data_format=data_format, weights_format=weights_format,
+                         dtype="bf16", seed=28)
+        a, b = case.inputs[:2]
+        problem = resolve(case.op, [a.shape, b.shape], case.attrs, None, "bf16")
+        config = problem.config.with_isa(isa)
+        assert (config.family, config.cin_per_group, config.cout_per_group) == (
+            "bwd_weights", cin, cout)
+        kernel = kernels.get_kernel(config, {"bf16_dot": 0})
+        other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
+        copies = [a.size * 2, b.size * 2] if data_format == "NCX" else []
+        for threads in (1, 2, 3):
+            dims = kernels.dims_of(problem, threads)
+            size = kernel.workspace_size(dims)
+            amx_bytes = {sum(-(-part // 64) * 64 for part in (
+                cout * patch * 4, used * 2 * BAND * patch * 2, used * cout * BAND * 2,
+                *copies)) + 64 for used in range(1, threads + 1)}
+            assert size in amx_bytes if HAS_AMX else size == other.workspace_size(dims)
+            first, second = (b, a) if problem.swap_inputs else (a, b)
+            out = np.full(problem.output_shape, 7, a.dtype)
+            kernels.call(kernel, problem, dims, first, second, out,
+                         np.empty(size, dtype=np.uint8))
+            assert_exact(case, out)
+
+
 AMX_COLUMN_GEOMETRY = {  # backward data with few result channels: columns by AMX
     "7x7 s2": dict(spatial=(11, 9), kernel=(7, 7),
                    attrs=dict(strides=[2, 2], pads_begin=3, pads_end=3, output_padding=1)),
