@@ -166,13 +166,14 @@ def test_variants_candidates_and_rules_come_from_one_spec_on_the_whole_rendered_
 
 
 def test_a_variants_fixed_values_are_no_arguments():
-    """A record's fixed values (col2im has no AMX path) are the record type's: no fill
-    passes or overrides them, and they are no derived choice (explain's)."""
+    """A record's fixed values (col2im runs no bands of rows) are the record type's: no
+    fill passes or overrides them, and they are no derived choice (explain's)."""
     resolved = resolve_plan(CONV1_DATA)
     assert resolved.variant is Variant.COL2IM
-    assert "amx" not in resolved.choices and resolved.choices.template_values()["amx"] is False
-    with pytest.raises(TypeError, match="amx"):
-        Col2imChoices(**resolved.choices, amx=False)
+    assert ("band_bytes" not in resolved.choices
+            and resolved.choices.template_values()["band_bytes"] == 0)
+    with pytest.raises(TypeError, match="band_bytes"):
+        Col2imChoices(**resolved.choices, band_bytes=0)
     assert DirectChoices.fixed_values() == {"column_runs": True, "input_in_place": False,
                                             "compute_scratch": False}
 
