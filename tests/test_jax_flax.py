@@ -240,8 +240,8 @@ def test_digits_example_trains_alike_on_lax_and_convgrad(capsys, caplog):
     printed = capsys.readouterr().out
     ours, theirs = results["convgrad"]["losses"], results["lax"]["losses"]
     assert len(ours) == len(theirs) == 30
-    for curve in (ours, theirs):
-        assert sum(curve[-5:]) / 5 < 0.8 * curve[0]
+    for name, curve in (("convgrad", ours), ("lax", theirs)):  # (once flat at ~2.29)
+        assert sum(curve[-5:]) / 5 < 0.8 * curve[0], f"{name}: {curve}; lax: {theirs}"
     assert results["max_relative_loss_difference"] < 1e-3
     assert abs(results["convgrad"]["accuracy"] - results["lax"]["accuracy"]) <= 2
     lowered = {m.split(" runs kernel ")[0].removeprefix("convgrad.jax: ")
