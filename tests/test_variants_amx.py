@@ -233,6 +233,30 @@ AMX_PATCH_GEOMETRY = {  # forward convolutions over few input channels: patches
 }
 
 
+def _runs_its_amx_layout(case, problem, config, plan, parts):
+    """Runs `case`'s kernel of `plan` (on the ISA path of `config`) on 1 to 3 threads,
+    each result exact, into a result first filled with garbage. On a CPU with AMX the
+    workspace is the AMX path's layout, `parts` (base, per thread) pairs of bytes for a
+    call that wakes `used` threads: base + used x per thread each, to a 64-byte boundary,
+    and the block's alignment on top (a small call wakes fewer), so a silent fallback
+    fails; elsewhere it is the kernel without AMX's."""
+    from convgrad import kernels
+
+    a, b = case.inputs[:2]
+    kernel = kernels.get_kernel(config, plan)
+    other = kernels.get_kernel(config, {**plan, "amx": 0})
+    for threads in (1, 2, 3):
+        dims = kernels.dims_of(problem, threads)
+        size = kernel.workspace_size(dims)
+        amx_bytes = {sum(-(-(base + used * each) // 64) * 64 for base, each in parts) + 64
+                     for used in range(1, threads + 1)}
+        assert size in amx_bytes if HAS_AMX else size == other.workspace_size(dims)
+        first, second = (b, a) if problem.swap_inputs else (a, b)
+        out = np.full(problem.output_shape, 7, a.dtype)
+        kernels.call(kernel, problem, dims, first, second, out, np.empty(size, np.uint8))
+        assert_exact(case, out)
+
+
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
 @pytest.mark.parametrize("geometry,weights_format,channels,data_format", [
     (name, ("IOX", "XOI", "IXO")[k % 3], ((3, 64), (1, 32), (4, 96), (15, 32))[k % 4],
@@ -247,7 +271,6 @@ def test_amx_tiles_patches(isa, geometry, weights_format, channels, data_format)
     result first filled with garbage. On a CPU with AMX the workspace is the patches'
     (packed weights, one band per thread it wakes, NCX copies), so a silent fallback fails;
     elsewhere it is the other tiles'."""
-    from convgrad import kernels
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.rules_amx import AMX_PATCH_PIXELS
 
@@ -263,23 +286,11 @@ def test_amx_tiles_patches(isa, geometry, weights_format, channels, data_format)
         config = problem.config.with_isa(isa)
         assert (config.family, config.cin_per_group, config.cout_per_group) == ("fwd", cin,
                                                                                 cout)
-        kernel = kernels.get_kernel(config, {"bf16_dot": 0})
-        other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
-        for threads in (1, 2, 3):
-            dims = kernels.dims_of(problem, threads)
-            size = kernel.workspace_size(dims)
-            # one band per thread the call wakes (a small call wakes fewer)
-            copies = [a.size * 2, int(np.prod(problem.output_shape)) * 2]
-            amx_bytes = {sum(-(-part // 64) * 64 for part in (
-                cout * patch * 2, used * AMX_PATCH_PIXELS * patch * 2,
-                *(copies if data_format == "NCX" else []))) + 64
-                for used in range(1, threads + 1)}
-            assert size in amx_bytes if HAS_AMX else size == other.workspace_size(dims)
-            first, second = (b, a) if problem.swap_inputs else (a, b)
-            out = np.full(problem.output_shape, 7, a.dtype)
-            kernels.call(kernel, problem, dims, first, second, out,
-                         np.empty(size, dtype=np.uint8))
-            assert_exact(case, out)
+        # packed weights, one band of patches per thread, NCX copies
+        copies = [(a.size * 2, 0), (int(np.prod(problem.output_shape)) * 2, 0)]
+        _runs_its_amx_layout(case, problem, config, {"bf16_dot": 0}, [
+            (cout * patch * 2, 0), (0, AMX_PATCH_PIXELS * patch * 2),
+            *(copies if data_format == "NCX" else [])])
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i == "avx512bf16"])
@@ -297,7 +308,6 @@ def test_amx_tiles_patch_weights(isa, geometry, op, weights_format, channels, da
     blocks read (1 to 3 threads), all weight layouts, weights first filled with garbage.
     On a CPU with AMX the workspace is the patches' (sums, each share's patches, pairs
     and diff_dst rows, NCX copies), so a silent fallback fails."""
-    from convgrad import kernels
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.rules_amx import AMX_PATCH_WEIGHT_PIXELS as BAND
 
@@ -314,21 +324,10 @@ def test_amx_tiles_patch_weights(isa, geometry, op, weights_format, channels, da
         config = problem.config.with_isa(isa)
         assert (config.family, config.cin_per_group, config.cout_per_group) == (
             "bwd_weights", cin, cout)
-        kernel = kernels.get_kernel(config, {"bf16_dot": 0})
-        other = kernels.get_kernel(config, {"bf16_dot": 0, "amx": 0})
-        copies = [a.size * 2, b.size * 2] if data_format == "NCX" else []
-        for threads in (1, 2, 3):
-            dims = kernels.dims_of(problem, threads)
-            size = kernel.workspace_size(dims)
-            amx_bytes = {sum(-(-part // 64) * 64 for part in (
-                cout * patch * 4, used * 2 * BAND * patch * 2, used * cout * BAND * 2,
-                *copies)) + 64 for used in range(1, threads + 1)}
-            assert size in amx_bytes if HAS_AMX else size == other.workspace_size(dims)
-            first, second = (b, a) if problem.swap_inputs else (a, b)
-            out = np.full(problem.output_shape, 7, a.dtype)
-            kernels.call(kernel, problem, dims, first, second, out,
-                         np.empty(size, dtype=np.uint8))
-            assert_exact(case, out)
+        # the sums, each share's patches and pairs, its diff_dst rows, NCX copies
+        copies = [(a.size * 2, 0), (b.size * 2, 0)] if data_format == "NCX" else []
+        _runs_its_amx_layout(case, problem, config, {"bf16_dot": 0}, [
+            (cout * patch * 4, 0), (0, 2 * BAND * patch * 2), (0, cout * BAND * 2), *copies])
 
 
 AMX_COLUMN_GEOMETRY = {  # backward data with few result channels: columns by AMX
@@ -356,7 +355,6 @@ def test_amx_tiles_col2im(isa, geometry, weights_format, channels, col_pixels):
     weight layouts, blocks of 16, 32 and 64 pixels, 1 to 3 threads, a result first
     filled with garbage. On a CPU with AMX the workspace is the AMX columns' (packed
     weights, the f32 result and each share's columns), so a silent fallback fails."""
-    from convgrad import kernels
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.variants import resolve_plan
 
@@ -373,22 +371,11 @@ def test_amx_tiles_col2im(isa, geometry, weights_format, channels, col_pixels):
         config = problem.config.with_isa(isa)
         plan = {"bf16_dot": 0, "col2im": 1, "col_pixels": col_pixels}
         assert resolve_plan(config, plan).variant.value == "col2im.c.j2"
-        kernel = kernels.get_kernel(config, plan)
-        other = kernels.get_kernel(config, {**plan, "amx": 0})
-        result = int(np.prod(problem.output_shape)) * 4
-        for threads in (1, 2, 3):
-            dims = kernels.dims_of(problem, threads)
-            size = kernel.workspace_size(dims)
-            share = (rows * columns + 32 * cout // 2) * 4
-            amx_bytes = {sum(-(-part // 64) * 64 for part in (
-                cout * columns * 2, -(-result // 64) * 64 + used * share)) + 64
-                for used in range(1, threads + 1)}
-            assert size in amx_bytes if HAS_AMX else size == other.workspace_size(dims)
-            first, second = (b, a) if problem.swap_inputs else (a, b)
-            out = np.full(problem.output_shape, 7, a.dtype)
-            kernels.call(kernel, problem, dims, first, second, out,
-                         np.empty(size, dtype=np.uint8))
-            assert_exact(case, out)
+        # packed weights; the f32 result, then each share's columns and padded rows
+        result = -(-int(np.prod(problem.output_shape)) * 4 // 64) * 64
+        share = (rows * columns + 32 * cout // 2) * 4
+        _runs_its_amx_layout(case, problem, config, plan,
+                             [(cout * columns * 2, 0), (result, share)])
 
 
 AMX_OFF_CHILD = """
