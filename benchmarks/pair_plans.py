@@ -20,6 +20,7 @@ repeats is none.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -114,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no layer of set {args.set} matches {args.layers}", file=sys.stderr)
         return 1
     updates = {"CONVGRAD_AOT_PATH": "", **(limit_isa(args.isa) if args.isa else {})}
-    with environment(updates):
+    saved_torch_threads = torch.get_num_threads()  # pair() sets it per thread count
+    with environment(updates), contextlib.ExitStack() as stack:
+        stack.callback(torch.set_num_threads, saved_torch_threads)
         print(f"{selected_isa()} path, {args.op}, "
               f"{args.dtype} {args.data_format}, batch {args.batch}; ratio: GFLOP/s over "
               f"the first plan's in the same repeat")

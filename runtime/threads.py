@@ -21,7 +21,7 @@ from convgrad import settings
 
 log = logging.getLogger("convgrad")
 
-# The count set_num_threads set; 0: OpenMP's default (OMP_NUM_THREADS, else every core).
+# The count set_num_threads set; 0: the default (OMP_NUM_THREADS, else every usable core).
 # Public so that what reads it on every call reads the attribute itself: bound's memo
 # key, convgrad.torch's thread count and its C++ call path (torch_calls.cpp.j2, by
 # name). Set it only through set_num_threads.
@@ -50,23 +50,33 @@ def set_num_threads(count: int | None) -> None:
 
 
 def get_num_threads() -> int:
-    """Threads a kernel call uses (OpenMP's default resolved; 1 in a child forked
-    after parallel kernels ran under libgomp)."""
+    """Threads a kernel call uses: set_num_threads' count, else OMP_NUM_THREADS, else the
+    cores this process may run on (1 in a child forked after parallel kernels ran under
+    libgomp)."""
     if _single_after_fork:
         return 1
     if default_count:
         return default_count
-    return settings.current().omp_num_threads or os.cpu_count() or 1
+    return settings.current().omp_num_threads or _usable_cores()
+
+
+def _usable_cores() -> int:
+    """The cores of this process's affinity mask (what libgomp's default counts)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def for_call(requested: int | None) -> int:
-    """The thread count to pass a kernel for a call that asked for `requested`
-    (0 lets the kernel take OpenMP's default)."""
+    """The thread count to pass a kernel for a call that asked for `requested`: never 0
+    (OpenMP's default), because that default is the calling thread's and may change (an
+    omp_set_num_threads, torch.set_num_threads, another thread such as XLA's), while the
+    call's workspace is sized once for the count it was bound with: a kernel run on more
+    threads than its workspace holds would write past it."""
     global _parallel_ran
-    if _single_after_fork:
-        return 1
-    count = requested or default_count
-    if not _parallel_ran and (count or get_num_threads()) > 1:
+    count = 1 if _single_after_fork else requested or get_num_threads()
+    if count > 1:
         _parallel_ran = True
     return count
 

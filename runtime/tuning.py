@@ -178,7 +178,7 @@ def plan_for(problem: Problem, config: KernelConfig, threads: int, how: str,
     "reuse", nothing was tuned; else the stored plan, tuned first with "on"."""
     if how == "off":
         return None
-    threads = threads or get_num_threads()  # 0: the kernel takes OpenMP's default
+    threads = threads or get_num_threads()
     key = (config, problem.batch, problem.src_spatial, problem.dst_spatial,
            problem.pads_begin, threads, how)
     with _memo_lock:

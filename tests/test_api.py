@@ -9,6 +9,9 @@ planner's rules alone: test_rules.py; NaN, inf and denormals: test_nonfinite.py.
 
 from __future__ import annotations
 
+import ctypes
+import threading
+
 import numpy as np
 import pytest
 from cases import DATA_OPS, DTYPES, SHAPE_NAMES, make_case
@@ -19,7 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import convgrad
-from convgrad import api
+from convgrad import api, bound, threads
 from convgrad.reference import OP_KINDS
 
 FUNCTIONS = {spec.kind: getattr(convgrad, spec.function) for spec in api.OPS.values()}
@@ -184,6 +187,39 @@ def test_thread_counts_agree(op, threads, groups, in_channels, out_channels):
     np.testing.assert_array_equal(one, many)
     # f32 sums of ~6000 products of normal values: rounding, bounded loosely
     np.testing.assert_allclose(one, case.expected(np.float32), rtol=1e-4, atol=2e-3)
+
+
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+def test_a_call_bound_under_another_openmp_default_runs_in_its_workspace(data_format):
+    """A call binds a concrete thread count and sizes its workspace for it: bound while
+    this thread's OpenMP default is 1 (torch.set_num_threads(1) sets it so), then run on
+    a thread whose default is every core (XLA's threads run convgrad.jax's calls), it
+    takes the count it was bound with (it took the run thread's default and wrote past a
+    workspace of one thread's sums: heap corruption on NCX, a wrong training curve in
+    convgrad.jax)."""
+    if threads.get_num_threads() < 2:
+        pytest.skip("needs two usable cores")
+    gomp = ctypes.CDLL("libgomp.so.1")
+    case = make_case("ConvolutionBackwardWeights", spatial=(40, 38), kernel=(3, 3),
+                     in_channels=64, out_channels=64, batch=4, data_format=data_format,
+                     attrs=dict(pads_begin=1, pads_end=1))
+    before = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(1)
+    try:
+        here = convgrad.execute(case.op, case.inputs, case.attrs)
+        call = bound.bind(case.op, case.inputs[0].shape, case.inputs[1].shape, "f32",
+                          case.attrs)
+    finally:
+        gomp.omp_set_num_threads(before)
+    assert call.dims.num_threads == threads.get_num_threads()
+    there = []
+    worker = threading.Thread(target=lambda: there.append(
+        convgrad.execute(case.op, case.inputs, case.attrs)))
+    worker.start()
+    worker.join()
+    expected = case.expected(np.float32)
+    np.testing.assert_array_equal(here, expected)
+    np.testing.assert_array_equal(there[0], expected)
 
 
 @pytest.mark.parametrize("op,data_format", [("ConvolutionBackwardWeights", "NCX"),

@@ -66,6 +66,32 @@ def test_op_matches_reference(op, data_format, rank):
     np.testing.assert_array_equal(np.asarray(got), case.expected(np.float32))
 
 
+def test_a_call_traced_under_another_openmp_default_runs_in_its_workspace():
+    """A function traced while the tracing thread's OpenMP default is 1 (as after
+    torch.set_num_threads(1)) runs its kernel on XLA's thread, whose default is every
+    core, on the count its workspace was sized for (it took XLA's thread's default,
+    wrote past a one-thread workspace, and the digits example's curve went flat)."""
+    import ctypes
+
+    from convgrad import threads
+    if threads.get_num_threads() < 2:
+        pytest.skip("needs two usable cores")
+    gomp = ctypes.CDLL("libgomp.so.1")
+    case = make_case("ConvolutionBackwardWeights", spatial=(40, 38), kernel=(3, 3),
+                     in_channels=64, out_channels=64, batch=4, data_format="NCX",
+                     attrs=dict(pads_begin=1, pads_end=1))
+    keys = dict(case.attrs)
+    function = jax.jit(lambda a, b: cj.convolution_backward_weights(a, b, **keys))
+    before = gomp.omp_get_max_threads()
+    gomp.omp_set_num_threads(1)
+    try:
+        compiled = function.lower(*case.inputs[:2]).compile()
+    finally:
+        gomp.omp_set_num_threads(before)
+    np.testing.assert_array_equal(np.asarray(compiled(*case.inputs[:2])),
+                                  case.expected(np.float32))
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("op", rotating(list(OPS), 1, 2))
 def test_op_low_precision(op, dtype):
