@@ -94,6 +94,8 @@ class KernelValues:
     transpose_to_f32: bool
     transpose_stages: list[int]  # the in-register transpose's halvings of VL
     transpose_masks: dict[int, tuple[list[int], list[int]]]  # its shuffle masks by stage
+    # the template of the kernel's AMX path (amx.h.j2 includes it), None without one
+    amx_body: str | None = None
 
     def template_values(self) -> dict[str, object]:
         """{name: value} of every field."""

@@ -138,7 +138,22 @@ def _kernel_values(config: KernelConfig, spec: VariantSpec, choices: Choices,
             spec.variant is Variant.WEIGHTS_PACKED or record["band_bytes"] > 0
             or not (bf16_dot or record["no_scratch"])),
         transpose_stages=_halvings(lanes),
-        transpose_masks=transpose_masks(lanes))
+        transpose_masks=transpose_masks(lanes),
+        amx_body=amx_body(config, spec, record))
+
+
+def amx_body(config: KernelConfig, spec: VariantSpec, record: dict) -> str | None:
+    """The template that spells the AMX path of a kernel whose variant's record is
+    `record`: tiles of patches where few input channels make them (rules_amx), the
+    columns of col2im, else the weight gradient's or the data op's tile blocks."""
+    if not record.get("amx"):
+        return None
+    patches = record.get("amx_patches", False)
+    if config.family == "bwd_weights":
+        return "amx_patch_weights.h.j2" if patches else "amx_weights.h.j2"
+    if spec.variant is Variant.COL2IM:
+        return "amx_columns.h.j2"
+    return "amx_patches.h.j2" if patches else "amx_data.h.j2"
 
 
 # A direct kernel's tiles (up to 7-14 output pixels) are most of its compile time: a 1x1
