@@ -34,6 +34,7 @@ from convgrad.codegen.targets import target
 from convgrad.compiler import BASE_FLAGS
 from convgrad.reference import OP_KINDS
 
+CLI = [sys.executable, "-m", "convgrad"]  # this interpreter's, venv activated or not
 ROOT = Path(__file__).resolve().parent.parent
 
 TARGETS = {
@@ -224,7 +225,7 @@ def test_c_example_for_aarch64_under_emulation(tmp_path):
     for label, extra, cc in (("aarch64", ["--target", "neoverse_n1", "--cc", tools["cc"]],
                               tools["cc"]), ("native", [], os.environ.get("CC", "cc"))):
         aot = tmp_path / label
-        build = subprocess.run(["convgrad", "aot", str(ROOT / "examples/c_api/layers.json"),
+        build = subprocess.run([*CLI, "aot", str(ROOT / "examples/c_api/layers.json"),
                                 "-o", str(aot), *extra], env=env, capture_output=True,
                                text=True, timeout=600)
         assert build.returncode == 0, build.stderr[-3000:]
@@ -271,7 +272,7 @@ def test_targets_map_to_paths_and_flags():
     (["--target", "neoverse_n1", "--check"], "cannot run"),
 ])
 def test_aot_target_errors(args, message, tmp_path):
-    run = subprocess.run(["convgrad", "aot", "-o", str(tmp_path), *args], capture_output=True,
+    run = subprocess.run([*CLI, "aot", "-o", str(tmp_path), *args], capture_output=True,
                          text=True)
     assert run.returncode == 2 and message in run.stderr
 
@@ -285,7 +286,7 @@ def test_sequential_cross_folder_needs_no_openmp_and_is_exact(name, machine, tmp
     env = {**os.environ, "CONVGRAD_CACHE_DIR": str(tmp_path / "cache"), "CONVGRAD_AOT_PATH": ""}
     layers = aot_driver.write_layers(tmp_path)
     folder = tmp_path / "aot"
-    build = subprocess.run(["convgrad", "aot", str(layers), "-o", str(folder), "-j", "2",
+    build = subprocess.run([*CLI, "aot", str(layers), "-o", str(folder), "-j", "2",
                             "--target", name, "--cc", tools["cc"],
                             "--threading", "sequential"], env=env, capture_output=True,
                            text=True, timeout=600)
@@ -318,7 +319,7 @@ def test_caller_aarch64_folder_runs_on_a_cpp_pool_exactly_under_emulation(tmp_pa
     env = {**os.environ, "CONVGRAD_CACHE_DIR": str(tmp_path / "cache"), "CONVGRAD_AOT_PATH": ""}
     layers = aot_driver.write_layers(tmp_path, aot_driver.POOL_LAYERS)
     folder = tmp_path / "aot"
-    build = subprocess.run(["convgrad", "aot", str(layers), "-o", str(folder), "-j", "2",
+    build = subprocess.run([*CLI, "aot", str(layers), "-o", str(folder), "-j", "2",
                             "--target", "neoverse_n1", "--cc", tools["cc"],
                             "--threading", "caller"], env=env, capture_output=True,
                            text=True, timeout=600)
