@@ -7,16 +7,19 @@ templates/parallel.h.j2). This module mirrors, in Python, the C arithmetic of th
 that does a kernel's multiply-adds (its *main region*; the copies and packing before it
 are not counted), one function per kind of split, chosen by the plan's variant:
 
-- `row_shares`: output rows `rows * t / nt` (direct.c.j2's row_shares.h.j2, col2im.c.j2);
+- `row_shares`: output rows `rows * t / nt` (direct.c.j2's row_shares.h.j2, the NCX
+  bands of ncx_bands.h.j2, col2im.c.j2);
 - `part_ranges`: `part_range` over a count of items (the 1x1 direct kernels' blocks of
-  pixels, depthwise.c.j2's rows, depthwise_weights.c.j2's (row block, channel part) pairs);
+  pixels, channels-first 1x1 tiles' (group, chunk, image, pixel block) items,
+  depthwise.c.j2's rows, depthwise_weights.c.j2's (row block, channel part) pairs);
 - `slice_shares`: weight_slices.h.j2's `thread_share`: `part_range` over the (pixel
   slice, tile) items, numbered slice by slice (shares start and end inside slices).
 
 A *task* is the unit each split counts, the same the kernels' test hook counts
 (`TRACE_TASKS` in templates/parallel.h.j2, compiled in under -DCONVGRAD_TRACE_TASKS):
 (output row, vector block) pairs for direct kernels' rows, (pixel block, group, vector
-block) items of 1x1 kernels per chunk of reduced channels, output rows for col2im and
+block) items of 1x1 kernels per chunk of reduced channels, (group, chunk of channel
+blocks, image, pixel block) items of channels-first 1x1 tiles, output rows for col2im and
 depthwise data kernels, (diff_dst row, tile) pairs for weight gradients and (row,
 channel block) pairs for depthwise weight gradients. Tasks of one kernel are of near
 equal cost, so the largest share over the mean is how much longer the slowest thread
@@ -212,16 +215,76 @@ def _vectors(channels: int, config: KernelConfig, block: int) -> int:
     return ceil_div(ceil_div(channels, VECTOR_LANES[config.isa]), block)
 
 
-def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
+def _takes_ncx_path(config: KernelConfig, plan: KernelPlan, z: Sizes) -> bool:
+    """takes_ncx_path (ncx_in_place.h.j2, ncx_strided.h.j2): whether a call runs the
+    channels-first 1x1 tiles (else the transposes and the plan's other tiles)."""
     c = plan.choices
-    if c.amx or c.band_bytes or c.pointwise_ncx:
-        raise NotModelled(f"{plan.variant.value}: the AMX path, bands of rows and "
-                          "channels-first 1x1 tiles are not modelled")
+    if not c.pointwise_ncx or z.od * z.oh * z.ow < c.ncx_min_pixels:
+        return False
+    if z.pd or z.ph or z.pw:
+        return False
+    if not c.ncx_strided:
+        return (z.id, z.ih, z.iw) == (z.od, z.oh, z.ow)
+    sd, sh, sw = (1,) * (3 - config.rank) + config.strides
+    return ((z.od - 1) * sd < z.id and (z.oh - 1) * sh < z.ih and (z.ow - 1) * sw < z.iw)
+
+
+def _pointwise_ncx(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int,
+                   input_offset: int) -> Split:
+    """compute_pointwise_ncx (pointwise_ncx.h.j2): run_ranges over (group, chunk of
+    channel blocks, image, pixel block) items, per block of images of the compact copy
+    with strides (ncx_strided.h.j2's ncx_block), else once."""
+    c = plan.choices
+    lanes = VECTOR_LANES[config.isa]
+    cv = config.cin_per_group if config.family == "bwd_data" else config.cout_per_group
+    chunks = ceil_div(ceil_div(cv, c.ncx_rows), c.ncx_block_chunk)
+    spatial = z.od * z.oh * z.ow
+    if c.ncx_strided:  # images per block: their compact copies, NCX_COMPACT_BYTES a thread
+        per_image = config.groups * config.cin_per_group * spatial * 4
+        block = min((c.ncx_compact_bytes // per_image if per_image < c.ncx_compact_bytes
+                     else 1) * nt, z.batch)
+    else:
+        block = z.batch
+    # the data input of each call: the user's (from input_offset bytes past a cache line)
+    # but for a convolution's compact copy (in the workspace, on a line)
+    in_image = config.groups * (config.cout_per_group if config.family == "bwd_data"
+                                else config.cin_per_group) * spatial * 4
+    user_input = config.family == "bwd_data" or not c.ncx_strided
+    totals = [0] * nt
+    calls = []
+    for n0 in range(0, z.batch, block):
+        at = (input_offset + n0 * in_image) % 64 if user_input else 0
+        past = at // 4 % lanes
+        head = lanes - past if c.ncx_head and at % 4 == 0 and spatial % lanes == 0 and past else 0
+        blocks = (head > 0) + ceil_div(spatial - head, c.ncx_vecs * lanes)
+        batch = min(block, z.batch - n0)
+        calls.append(blocks)
+        per = [e - b for b, e in part_ranges(config.groups * chunks * batch * blocks, nt)]
+        totals = [a + b for a, b in zip(totals, per, strict=True)]
+    images = f" in {len(calls)} blocks of images" if len(calls) > 1 else ""
+    return Split("part_ranges", "(group, chunk of channel blocks, image, pixel block) item",
+                 nt, tuple(totals), f"{config.groups} groups x {chunks} chunks of channel "
+                 f"blocks x {z.batch} images x {calls[0]} blocks of {c.ncx_vecs * lanes} "
+                 f"pixels{images}")
+
+
+def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int,
+            input_offset: int = 0) -> Split:
+    c = plan.choices
+    if c.amx:
+        raise NotModelled(f"{plan.variant.value}: the AMX path is not modelled")
+    if _takes_ncx_path(config, plan, z):
+        return _pointwise_ncx(config, plan, z, nt, input_offset)
     bwd = config.family == "bwd_data"
     cr = config.cout_per_group if bwd else config.cin_per_group
     cv = config.cin_per_group if bwd else config.cout_per_group
     out_c = config.groups * cv
     nvb = _vectors(cv, config, c.vec_block)
+    if c.band_bytes:  # ncx_bands.h.j2's compute_bands: shares of rows, in bands
+        d, h, _ = z.write(config.family)
+        return Split("row_shares", "(output row, vector block) pair", nt,
+                     tuple(r * nvb for r in row_shares(z.batch * d * h, nt)),
+                     f"{z.batch * d * h} output rows, in bands of about {c.band_bytes} bytes")
     # data_entry.c.j2: blocks of images (image_block), each one call of compute()
     batches = [z.batch]
     if c.image_block_bytes:
@@ -342,11 +405,13 @@ MAIN_REGIONS = {
 
 
 def split(config: KernelConfig, sizes: Sizes, threads: int,
-          plan: Mapping[str, int] | None = None) -> Split:
+          plan: Mapping[str, int] | None = None, input_offset: int = 0) -> Split:
     """The main region's split of a call of the kernel of `config` (and `plan`, default
-    the rules') with `sizes` on `threads` threads. NotModelled for the variants and
-    paths not mirrored here (AMX, NCX bands of rows and 1x1 channels-first tiles, the
-    grouped, dot-product and bf16-pair weight gradients)."""
+    the rules') with `sizes` on `threads` threads, its data input `input_offset` bytes
+    past a 64-byte boundary (0, as PyTorch's tensors: where channels-first 1x1 tiles
+    read it in place, a head block may align their loads). NotModelled for the variants
+    and paths not mirrored here (AMX, the grouped, dot-product and bf16-pair weight
+    gradients)."""
     resolved = resolve_plan(config, plan)
     region = MAIN_REGIONS.get(resolved.variant)
     if region is None:
@@ -355,5 +420,6 @@ def split(config: KernelConfig, sizes: Sizes, threads: int,
     if resolved.bf16_dot:
         raise NotModelled("bf16 pairs (vdpbf16ps) are not modelled")
     z, shares = call_sizes(config, sizes, threads)
-    result = region(config, resolved, z, shares)
+    result = (_direct(config, resolved, z, shares, input_offset) if region is _direct
+              else region(config, resolved, z, shares))
     return replace(result, asked=max(1, threads))
