@@ -143,6 +143,7 @@ class DirectChoices(RowTileChoices):
     amx_pointwise: bool | None = None
     ncx_block_chunk: int | None = None
     ncx_compact_bytes: int | None = None
+    ncx_stream_min_bytes: int | None = None
     ncx_head: bool | None = None
     ncx_min_pixels: int | None = None
     ncx_prefetch: bool | None = None

@@ -72,9 +72,9 @@ PLAN_CHOICES = {
                        "spread whole up front, else row by row (0: always row by row)",
     "bf16_dot": "bf16 on avx512bf16: 1 multiplies bf16 pairs with vdpbf16ps, 0 widens to "
                 "f32 and runs the f32 tiles",
-    "stream_kb": "depthwise, across-group and 1x1 f32 channels-last data gradients: "
-                 "results of at least this many KB are stored past the caches "
-                 "(non-temporal; 0: never)",
+    "stream_kb": "depthwise, across-group and 1x1 f32 data gradients (channels last; "
+                 "channels first with strides): results of at least this many KB are "
+                 "stored past the caches (non-temporal; 0: never)",
     "col2im": "backward data of one group with few result channels: 1 multiplies each "
               "diff_dst pixel by every tap's weights at once (columns of (tap, channel) "
               "pairs) and adds the columns into the result pixels the taps reach, 0 the "

@@ -320,6 +320,7 @@ def pointwise_ncx_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PL
             "ncx_strided": strided,
             "ncx_compact_bytes": plan.get("ncx_compact_kb", IMAGE_BLOCK_BYTES >> 10) << 10
                                  if strided else 0,
+            "ncx_stream_min_bytes": ncx_stream_min_bytes(config, plan) if strided else 0,
             # channel blocks per chunk: their weights stay in L2; near-equal chunks (171
             # blocks as 57 x 3, not 85 + 85 + 1: threads share the chunks' work evenly)
             "ncx_block_chunk": near_equal(-(-out_channels // rows),
@@ -419,6 +420,24 @@ def stream_min_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN)
     if direct_tiles(config, plan)["vec_block"] * VECTOR_LANES[config.isa] % LINE_FLOATS:
         return 0
     return plan.get("stream_kb", STREAM_MIN_KB) * 1024
+
+
+# Channels-first 1x1 data gradients with strides spread their result out of the compact
+# copy (ncx_strided.h.j2): every byte of it, three quarters zeros, after few multiply-adds
+# per value, and a quarter of their time (perf, Zen 4, res3a_branch2a batch 8). Streamed
+# through a staging plane per thread: Zen 4 avx512, ResNet-50 NCX batch 8, pair_plans
+# ratios streamed / ordinary (3 repeats), 1 / 2 threads: res3a_branch2a (128 -> 256, 25.7
+# MB) 1.07-1.08 / 1.04-1.06, res3a_branch1 (512 -> 256, 25.7 MB) 1.01-1.02 / 1.03;
+# res4a_branch2a (12.8 MB) 1.02 / 0.98-1.00, and 0.95-0.97 in a first run: from 16 MB.
+NCX_STREAM_MIN_KB = 16384
+
+
+def ncx_stream_min_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
+    """Result bytes from which a strided channels-first 1x1 data gradient streams its
+    result past the caches (0: never): backward data, x86 vectors."""
+    if config.family != "bwd_data" or SIMD[config.isa] == "generic":
+        return 0
+    return plan.get("stream_kb", NCX_STREAM_MIN_KB) * 1024
 
 
 def pad_columns_below(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:

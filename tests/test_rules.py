@@ -263,6 +263,26 @@ def test_streaming_is_planned_for_f32_channels_last_data_only():
         assert stream_min_bytes(never) == 0, never
 
 
+def test_channels_first_strided_data_gradients_stream_from_16_mb():
+    """NCX 1x1 data gradients with strides (the compact copy's spread) stream results of
+    NCX_STREAM_MIN_KB on the x86 paths (stream_kb overrides it, 0: never); their forward
+    convolutions, stride-1 layers and the generic paths never."""
+    from convgrad.codegen.rules_data import NCX_STREAM_MIN_KB, pointwise_ncx_tiles
+
+    data = KernelConfig("bwd_data", (1, 1), (2, 2), (1, 1), 1, 256, 128, "NCX", "XIO",
+                        "f32", "avx512")
+    for isa in ("avx512", "avx2", "avx512bf16"):
+        assert pointwise_ncx_tiles(replace(data, isa=isa))["ncx_stream_min_bytes"] == (
+            NCX_STREAM_MIN_KB * 1024)
+    assert pointwise_ncx_tiles(data, {"stream_kb": 1})["ncx_stream_min_bytes"] == 1024
+    assert pointwise_ncx_tiles(data, {"stream_kb": 0})["ncx_stream_min_bytes"] == 0
+    for never in (replace(data, family="fwd", cin_per_group=128, cout_per_group=256),
+                  replace(data, strides=(1, 1)), replace(data, isa="portable"),
+                  replace(data, isa="neon")):
+        tiles = pointwise_ncx_tiles(never)
+        assert tiles["pointwise_ncx"] and tiles["ncx_stream_min_bytes"] == 0, never
+
+
 def test_dot_products_are_a_tuning_candidate_only():
     """The planner (pure: no CPU needed) never picks the pixel-dot plan by its rules; it is
     a candidate wherever stride 1 along w lets it run (any kernel, stride along h, any

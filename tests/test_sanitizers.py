@@ -265,6 +265,13 @@ LONG_REDUCTIONS = {  # two halves, so that both test workers share them
     run_streamed(make_case("ConvolutionBackwardData", **STREAM_GEOMETRY["strided"], batch=2),
                  {{"stream_kb": 1}}, convgrad.cpu.available_isas()[0],
                  variant=Variant.ACROSS_GROUPS)
+    # channels-first 1x1 data gradients with strides: the compact copy's result spread
+    # into staging planes and streamed into the result (on a line, a float off one)
+    run_streamed(make_case("ConvolutionBackwardData", spatial=(12, 17), kernel=(1, 1),
+                           in_channels=40, out_channels=35, batch=3, data_format="NCX",
+                           attrs=dict(strides=[2, 2], output_padding=[1, 1])),
+                 {{"stream_kb": 1}}, convgrad.cpu.available_isas()[0],
+                 variant=Variant.DIRECT)
     # NCX data gradients a block of images at a time (one per thread; the last block
     # short), padded rows in the block's copy; and a band of rows at a time (one row, a
     # few rows cut short, padded rows in the band's copy)

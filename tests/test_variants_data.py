@@ -226,9 +226,11 @@ def test_channels_first_pointwise_with_strides(isa, op, geometry):
     of the pixels the strides keep (the forward convolution gathers its input into it,
     the data gradient spreads its result out of it, zeros between; ncx_strided.h.j2), by
     rule (and in 2-D with one image per thread, ncx_compact_kb 0, and forced off,
-    ncx_in_place 0: the transposes): exact on 1, 2 and 3 threads. The workspace
-    the kernel asks for is the path's own: its packed weights and one block's compact
-    copy (its size is how the test knows which path ran)."""
+    ncx_in_place 0: the transposes), and the data gradient's result streamed past the
+    caches (stream_kb 1: spread in a staging plane per thread, stored in whole lines):
+    exact on 1, 2 and 3 threads. The workspace the kernel asks for is the path's own: its
+    packed weights, one block's compact copy and the staging planes (its size is how the
+    test knows which path ran)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.rules_data import IMAGE_BLOCK_BYTES, pointwise_ncx_tiles
 
@@ -255,18 +257,28 @@ def test_channels_first_pointwise_with_strides(isa, op, geometry):
     def up(n):
         return -(-n // 64) * 64
 
-    # images per thread in a block: by rule, at least one; one; the transposes instead
+    # images per thread in a block: by rule, at least one; one; the transposes instead;
+    # the data gradient's result streamed from 1 KB (each thread's staging plane after
+    # the compact copy)
     plans = [({}, IMAGE_BLOCK_BYTES // per_image)]
     if geometry == "2-D":
         plans += [({"ncx_compact_kb": 0}, 1), ({"ncx_in_place": 0}, None)]
+    streams = bwd and isa != "portable"
+    if streams:
+        plans.append(({"stream_kb": 1}, IMAGE_BLOCK_BYTES // per_image))
     for plan, images in plans:
         assert images is None or images >= 1
         for threads in (1, 2, 3):
             size, run = forced_kernel(case, plan, isa, threads, variant=Variant.DIRECT)
             if images is not None:
                 block = min(3, threads * images)
-                assert size == up(weights) + up(block * per_image) + 64, (plan, threads)
+                staging = threads * up(int(np.prod(problem.src_spatial)) * 4) if plan.get(
+                    "stream_kb") else 0
+                assert size == up(weights) + up(block * per_image) + staging + 64, (
+                    plan, threads)
             run(np.empty(size, dtype=np.uint8))
+    if streams:  # into results on a cache line and a float past one
+        run_streamed(case, {"stream_kb": 1}, isa, variant=Variant.DIRECT)
 
 
 POINTWISE_STREAM_GEOMETRY = {
