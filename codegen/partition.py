@@ -215,16 +215,26 @@ def _vectors(channels: int, config: KernelConfig, block: int) -> int:
     return ceil_div(ceil_div(channels, VECTOR_LANES[config.isa]), block)
 
 
+def _is_pointwise(z: Sizes) -> bool:
+    """is_pointwise (pointwise.h.j2): no pads and the input's sizes the output's."""
+    return z.pd == z.ph == z.pw == 0 and (z.id, z.ih, z.iw) == (z.od, z.oh, z.ow)
+
+
+def images_per_block(per_image: int, block_bytes: int, nt: int, batch: int) -> int:
+    """direct.c.j2's images_per_block: images of about `block_bytes` per thread."""
+    return min((block_bytes // per_image if per_image < block_bytes else 1) * nt, batch)
+
+
 def _takes_ncx_path(config: KernelConfig, plan: KernelPlan, z: Sizes) -> bool:
     """takes_ncx_path (ncx_in_place.h.j2, ncx_strided.h.j2): whether a call runs the
     channels-first 1x1 tiles (else the transposes and the plan's other tiles)."""
     c = plan.choices
     if not c.pointwise_ncx or z.od * z.oh * z.ow < c.ncx_min_pixels:
         return False
+    if not c.ncx_strided:
+        return _is_pointwise(z)
     if z.pd or z.ph or z.pw:
         return False
-    if not c.ncx_strided:
-        return (z.id, z.ih, z.iw) == (z.od, z.oh, z.ow)
     sd, sh, sw = (1,) * (3 - config.rank) + config.strides
     return ((z.od - 1) * sd < z.id and (z.oh - 1) * sh < z.ih and (z.ow - 1) * sw < z.iw)
 
@@ -241,8 +251,7 @@ def _pointwise_ncx(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int,
     spatial = z.od * z.oh * z.ow
     if c.ncx_strided:  # images per block: their compact copies, NCX_COMPACT_BYTES a thread
         per_image = config.groups * config.cin_per_group * spatial * 4
-        block = min((c.ncx_compact_bytes // per_image if per_image < c.ncx_compact_bytes
-                     else 1) * nt, z.batch)
+        block = images_per_block(per_image, c.ncx_compact_bytes, nt, z.batch)
     else:
         block = z.batch
     # the data input of each call: the user's (from input_offset bytes past a cache line)
@@ -295,12 +304,10 @@ def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int,
         weight_bytes = config.groups * nvb * math.prod(config.kernel) * cr * c.vec_block \
             * VECTOR_LANES[config.isa] * 4
         if 2 * weight_bytes <= per_image:
-            block = min((c.image_block_bytes // per_image if per_image < c.image_block_bytes
-                         else 1) * nt, z.batch)
+            block = images_per_block(per_image, c.image_block_bytes, nt, z.batch)
             batches = [min(block, z.batch - n0) for n0 in range(0, z.batch, block)]
     totals = [0] * nt
-    pointwise = c.pointwise and z.pd == z.ph == z.pw == 0 and (z.id, z.ih, z.iw) == (
-        z.od, z.oh, z.ow)
+    pointwise = c.pointwise and _is_pointwise(z)
     for batch in batches:
         if pointwise:  # pointwise.h.j2: one run_ranges per chunk of reduced channels
             pixels = batch * z.od * z.oh * z.ow

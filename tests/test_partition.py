@@ -65,10 +65,9 @@ def _build(config, plan) -> tuple[str, Path]:
     return name, library
 
 
-def _traced(problem, name: str, library: Path, threads: int,
-            offsets: list | None = None) -> list[int]:
-    """Tasks per part of one call on `threads` parts, run one after the other (the data
-    input's bytes past a 64-byte boundary appended to `offsets`)."""
+def _traced(problem, name: str, library: Path, threads: int) -> tuple[list[int], int]:
+    """Tasks per part of one call on `threads` parts, run one after the other, and the
+    data input's bytes past a 64-byte boundary."""
     function, workspace_size = kernels.kernel_functions(name, library)
     counter = ctypes.c_int64.in_dll(ctypes.CDLL(str(library)), "convgrad_traced_tasks")
     per_part = [0] * threads
@@ -90,13 +89,11 @@ def _traced(problem, name: str, library: Path, threads: int,
     buffers = [np.zeros(elements, np.float32) for _ in range(3)]
     workspace = np.zeros(max(1, workspace_size(dims)), np.uint8)
     counter.value = 0
-    if offsets is not None:
-        offsets.append(buffers[0].ctypes.data % 64)
     status = function(*map(kernels.ffi.from_buffer, buffers), dims,
                       kernels.ffi.from_buffer(workspace))
     assert status == 0
     per_part[0] += counter.value  # a region of one part runs on the calling thread
-    return per_part
+    return per_part, buffers[0].ctypes.data % 64
 
 
 def _check_network(network: str, data_format: str, threads=THREADS,
@@ -124,9 +121,8 @@ def _check_network(network: str, data_format: str, threads=THREADS,
     for layer, problem, config, plan in layers:
         name, library = built[config, tuple(sorted(plan.items()))]
         for n in threads:
-            offsets = []
-            traced = _traced(problem, name, library, n, offsets)
-            model = split(config, Sizes.of(problem), n, plan, input_offset=offsets[0])
+            traced, offset = _traced(problem, name, library, n)
+            model = split(config, Sizes.of(problem), n, plan, input_offset=offset)
             expected = list(model.tasks) + [0] * (n - model.shares)
             if traced != expected:
                 wrong.append(f"{layer.name} {layer.op} N={n}: model {expected[:12]}, "
