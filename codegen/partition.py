@@ -13,7 +13,8 @@ are not counted), one function per kind of split, chosen by the plan's variant:
   pixels, channels-first 1x1 tiles' (group, chunk, image, pixel block) items,
   depthwise.c.j2's rows, depthwise_weights.c.j2's (row block, channel part) pairs);
 - `slice_shares`: weight_slices.h.j2's `thread_share`: `part_range` over the (pixel
-  slice, tile) items, numbered slice by slice (shares start and end inside slices).
+  slice, tile) items, numbered slice by slice (shares start and end inside slices); bf16
+  pixel pairs (bwd_weights_pairs.c.j2) once per block of images of their pair copies.
 
 A *task* is the unit each split counts, the same the kernels' test hook counts
 (`TRACE_TASKS` in templates/parallel.h.j2, compiled in under -DCONVGRAD_TRACE_TASKS):
@@ -298,10 +299,15 @@ def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int,
     batches = [z.batch]
     if c.image_block_bytes:
         read, write = z.read(config.family), z.write(config.family)
-        in_c = config.groups * cr
-        copied = config.dtype != "f32" or config.data_format != "NXC"  # pack_data
-        per_image = 4 * (math.prod(read) * in_c * copied + math.prod(write) * out_c)
-        weight_bytes = config.groups * nvb * math.prod(config.kernel) * cr * c.vec_block \
+        # bytes of a multiply step's reduced elements: one f32, or a pair of bf16
+        steps = ceil_div(cr, 2) if plan.bf16_dot else cr  # CRP
+        if plan.bf16_dot:  # input_pairs_bytes: none where the user's pixels are pairs
+            copied = config.data_format != "NXC" or cr % 2 == 1
+        else:  # pack_data's f32 copy
+            copied = config.dtype != "f32" or config.data_format != "NXC"
+        per_image = 4 * (math.prod(read) * config.groups * steps * copied
+                         + math.prod(write) * out_c)
+        weight_bytes = config.groups * nvb * math.prod(config.kernel) * steps * c.vec_block \
             * VECTOR_LANES[config.isa] * 4
         if 2 * weight_bytes <= per_image:
             block = images_per_block(per_image, c.image_block_bytes, nt, z.batch)
@@ -328,6 +334,28 @@ def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int,
                  f"{z.batch * math.prod(z.write(config.family)[:2])} output rows{calls}")
 
 
+def _pair_image_blocks(config: KernelConfig, plan: KernelPlan, z: Sizes) -> list[int]:
+    """bwd_weights_pairs.c.j2's image_block: the batch's blocks of images whose pixel-pair
+    copies (src pairs of every kw tap, bf16 diff_dst pairs) stay in cache."""
+    block_bytes = plan.choices.image_block_bytes
+    ppr = ceil_div(z.ow, 2)  # pairs_per_row
+    src_step, dd_step = _pair_steps(config)
+    per_image = ppr * (z.id * z.ih * src_step * 4 + z.od * z.oh * dd_step * 2)
+    if not block_bytes or z.batch * per_image <= 2 * block_bytes:
+        block = z.batch
+    else:
+        block = min(block_bytes // per_image if per_image < block_bytes else 1, z.batch)
+    return [min(block, z.batch - n0) for n0 in range(0, z.batch, block)] if block else [0]
+
+
+def _pair_steps(config: KernelConfig) -> tuple[int, int]:
+    """bwd_weights_pairs.c.j2's SRC_STEP (src pairs) and DD_STEP (bf16 values) between
+    output pixel pairs."""
+    vl = VECTOR_LANES[config.isa]
+    return (config.groups * config.kernel[-1] * config.cin_per_group,
+            config.groups * ceil_div(config.cout_per_group, vl) * vl * 2)
+
+
 def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
     c = plan.choices
     if c.amx:
@@ -337,11 +365,13 @@ def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split
     kd, kh, kw = (1,) * (3 - config.rank) + config.kernel
     sd, sh, _ = (1,) * (3 - config.rank) + config.strides
     cin, cout = config.groups * config.cin_per_group, config.groups * config.cout_per_group
-    flat = plan.variant is Variant.WEIGHTS_FLAT  # tile rows over (kw, channel) pairs
-    rows_per_tile_group = (kw if flat else 1) * config.cin_per_group
+    pairs = plan.variant is Variant.WEIGHTS_PAIRS  # bf16 pixel pairs, every kw in the rows
+    # tile rows over (kw, channel) pairs
+    by_columns = pairs or plan.variant is Variant.WEIGHTS_FLAT
+    rows_per_tile_group = (kw if by_columns else 1) * config.cin_per_group
     nrb = ceil_div(rows_per_tile_group, c.tile_rows)
     tiles = weight_tile_count(config, c.tile_rows, rows_per_tile_group, c.vec_block,
-                              ceil_div(config.cout_per_group, vl), flat)
+                              ceil_div(config.cout_per_group, vl), by_columns)
     # chunk_rule_rows: diff_dst rows per chunk by the rule
     if c.chunk_pixels:
         rule = 1 if z.ow >= c.chunk_pixels else c.chunk_pixels // z.ow
@@ -349,23 +379,34 @@ def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split
         if plan.variant is Variant.WEIGHTS_PACKED:
             columns = z.ow if kw == 1 else z.iw
             row_bytes = 4 * (z.ow * nvb * c.vec_block * vl + kd * kh * columns * nrb * c.tile_rows)
+        elif pairs:
+            src_step, dd_step = _pair_steps(config)
+            row_bytes = ceil_div(z.ow, 2) * (dd_step * 2 + sh * sd * src_step * 4)
         else:
             row_bytes = 4 * (z.ow * cout + sh * sd * z.iw * cin)
         rule = 1 if row_bytes >= c.chunk_bytes else c.chunk_bytes // row_bytes
+    # each block of images (the pair copies') sums over its own slices and chunks
+    totals = [0] * nt
+    batches = _pair_image_blocks(config, plan, z) if pairs else [z.batch]
+    for batch in batches:
+        rows = batch * z.od * z.oh
+        # weight_slices.h.j2: slices(), rows_per_chunk(), chunk_count()
+        pixels = rows * z.ow
+        most = min(pixels // c.slice_min_pixels, ceil_div(rows, rule))
+        count = c.max_slices
+        while count > 1 and (count > most
+                             or (count > c.few_slices and count * c.many_slice_pixels > pixels)):
+            count //= 2
+        per_slice = ceil_div(ceil_div(rows, rule), count)
+        chunk = ceil_div(rows, per_slice * count) if rows else rule
+        chunks = ceil_div(rows, chunk)
+        per = slice_shares(rows, chunk, chunks, count, tiles, nt)
+        totals = [a + b for a, b in zip(totals, per, strict=True)]
+    images = f" in {len(batches)} blocks of images" if len(batches) > 1 else ""
     rows = z.batch * z.od * z.oh
-    # weight_slices.h.j2: slices(), rows_per_chunk(), chunk_count()
-    pixels = z.batch * z.od * z.oh * z.ow
-    most = min(pixels // c.slice_min_pixels, ceil_div(rows, rule))
-    count = c.max_slices
-    while count > 1 and (count > most
-                         or (count > c.few_slices and count * c.many_slice_pixels > pixels)):
-        count //= 2
-    per_slice = ceil_div(ceil_div(rows, rule), count)
-    chunk = ceil_div(rows, per_slice * count) if rows else rule
-    chunks = ceil_div(rows, chunk)
-    return Split("slice_shares", "(diff_dst row, tile) pair", nt,
-                 tuple(slice_shares(rows, chunk, chunks, count, tiles, nt)),
-                 f"{count} slices of {rows} rows ({chunks} chunks) x {tiles} tiles")
+    return Split("slice_shares", "(diff_dst row, tile) pair", nt, tuple(totals),
+                 f"{count} slices of {batches[0] * z.od * z.oh if images else rows} rows "
+                 f"({chunks} chunks) x {tiles} tiles{images}")
 
 
 def _depthwise_weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
@@ -407,6 +448,7 @@ MAIN_REGIONS = {
     Variant.WEIGHTS: _weights,
     Variant.WEIGHTS_FLAT: _weights,
     Variant.WEIGHTS_PACKED: _weights,
+    Variant.WEIGHTS_PAIRS: _weights,
     Variant.DEPTHWISE_WEIGHTS: _depthwise_weights,
 }
 
@@ -417,15 +459,12 @@ def split(config: KernelConfig, sizes: Sizes, threads: int,
     the rules') with `sizes` on `threads` threads, its data input `input_offset` bytes
     past a 64-byte boundary (0, as PyTorch's tensors: where channels-first 1x1 tiles
     read it in place, a head block may align their loads). NotModelled for the variants
-    and paths not mirrored here (AMX, the grouped, dot-product and bf16-pair weight
-    gradients)."""
+    and paths not mirrored here (AMX, the grouped and dot-product weight gradients)."""
     resolved = resolve_plan(config, plan)
     region = MAIN_REGIONS.get(resolved.variant)
     if region is None:
         raise NotModelled(f"the {resolved.variant.name.lower()} variant "
                           f"({resolved.variant.value}) is not modelled")
-    if resolved.bf16_dot:
-        raise NotModelled("bf16 pairs (vdpbf16ps) are not modelled")
     z, shares = call_sizes(config, sizes, threads)
     result = (_direct(config, resolved, z, shares, input_offset) if region is _direct
               else region(config, resolved, z, shares))
