@@ -2,6 +2,7 @@
 
     python -m benchmarks.ab_builds [--set resnet50|mobilenet_v2|...] [--layers a,b]
                                    [--ops fwd,data,weights] [--threads 1] [--data-format NCX]
+                                   [--dtype f32|bf16|f16]
                                    [--base-python PYTHON] [--base-env NAME=VALUE ...]
                                    [--reps 15] [--seconds 0.15]
 
@@ -38,7 +39,7 @@ from unittest import mock
 import numpy as np
 
 from benchmarks.cases import layer_inputs
-from benchmarks.shapes import DEFAULT_SHAPES_DIR, OPS, SETS, load_set
+from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_set
 from convgrad import api, bound, kernels
 from convgrad.codegen.layers import conv_layers
 
@@ -59,6 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
+    parser.add_argument("--dtype", default="f32", choices=DTYPES)
     parser.add_argument("--base-python", default=sys.executable)
     parser.add_argument("--base-env", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--reps", type=int, default=15)
@@ -97,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         for conv in convs:
             for op in args.ops.split(","):
                 (layer,) = conv_layers(conv, (OPS[op],), batch=args.batch,
-                                       data_format=args.data_format)
-                inputs = layer_inputs(layer, rng)
+                                       dtype=args.dtype, data_format=args.data_format)
+                inputs = layer_inputs(layer, rng, api.DTYPE_BY_NAME[args.dtype])
 
                 def run(layer=layer, inputs=inputs):
                     return api.execute(layer.op, inputs, layer.attrs,

@@ -13,8 +13,10 @@ are not counted), one function per kind of split, chosen by the plan's variant:
   pixels, channels-first 1x1 tiles' (group, chunk, image, pixel block) items,
   depthwise.c.j2's rows, depthwise_weights.c.j2's (row block, channel part) pairs);
 - `slice_shares`: weight_slices.h.j2's `thread_share`: `part_range` over the (pixel
-  slice, tile) items, numbered slice by slice (shares start and end inside slices); bf16
-  pixel pairs (bwd_weights_pairs.c.j2) once per block of images of their pair copies.
+  slice, tile) items, numbered slice by slice (shares start and end inside slices), the
+  slices of near-equal rows (weight_compute.h.j2; of whole uniform chunks in the packed
+  kernels); bf16 pixel pairs (bwd_weights_pairs.c.j2) once per block of images of their
+  pair copies, in the batch's slices.
 
 A *task* is the unit each split counts, the same the kernels' test hook counts
 (`TRACE_TASKS` in templates/parallel.h.j2, compiled in under -DCONVGRAD_TRACE_TASKS):
@@ -161,13 +163,24 @@ def thread_share(begin: int, end: int, tiles: int) -> tuple[int, int, int, int]:
     return begin // tiles, (end - 1) // tiles + 1, begin % tiles, (end - 1) % tiles + 1
 
 
-def slice_shares(rows: int, chunk: int, chunks: int, count: int, tiles: int,
-                 nt: int) -> list[int]:
-    """(diff_dst row, tile) pairs per share of a weight gradient over `count` slices of
-    `chunks` chunks of `chunk` rows (weight_compute.h.j2, bwd_weights_packed.c.j2)."""
-    slice_rows = [sum(min(c * chunk + chunk, rows) - c * chunk
-                      for c in range(chunks * s // count, chunks * (s + 1) // count))
-                  for s in range(count)]
+def uniform_slice_rows(rows: int, chunk: int, chunks: int, count: int) -> list[int]:
+    """Rows of each of `count` slices taking whole chunks of `chunks` chunks of `chunk`
+    rows (uniform_chunks.h.j2: the packed and dot-product weight gradients)."""
+    return [sum(min(c * chunk + chunk, rows) - c * chunk
+                for c in range(chunks * s // count, chunks * (s + 1) // count))
+            for s in range(count)]
+
+
+def even_slice_rows(rows: int, count: int) -> list[int]:
+    """Rows of each of `count` slices of near-equal rows (weight_compute.h.j2's
+    slice_rows)."""
+    return [rows * (s + 1) // count - rows * s // count for s in range(count)]
+
+
+def slice_shares(slice_rows: list[int], tiles: int, nt: int) -> list[int]:
+    """(diff_dst row, tile) pairs per share of a weight gradient over slices of
+    `slice_rows` rows (weight_slices.h.j2's thread_share)."""
+    count = len(slice_rows)
     tasks = []
     for begin, end in part_ranges(count * tiles, nt):
         s0, s1, tile0, tile1 = thread_share(begin, end, tiles)
@@ -385,28 +398,32 @@ def _weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split
         else:
             row_bytes = 4 * (z.ow * cout + sh * sd * z.iw * cin)
         rule = 1 if row_bytes >= c.chunk_bytes else c.chunk_bytes // row_bytes
-    # each block of images (the pair copies') sums over its own slices and chunks
-    totals = [0] * nt
-    batches = _pair_image_blocks(config, plan, z) if pairs else [z.batch]
-    for batch in batches:
-        rows = batch * z.od * z.oh
-        # weight_slices.h.j2: slices(), rows_per_chunk(), chunk_count()
-        pixels = rows * z.ow
-        most = min(pixels // c.slice_min_pixels, ceil_div(rows, rule))
-        count = c.max_slices
-        while count > 1 and (count > most
-                             or (count > c.few_slices and count * c.many_slice_pixels > pixels)):
-            count //= 2
+    # weight_slices.h.j2's slices() of the batch...
+    rows = z.batch * z.od * z.oh
+    pixels = rows * z.ow
+    most = min(pixels // c.slice_min_pixels, ceil_div(rows, rule))
+    count = c.max_slices
+    while count > 1 and (count > most
+                         or (count > c.few_slices and count * c.many_slice_pixels > pixels)):
+        count //= 2
+    if plan.variant is Variant.WEIGHTS_PACKED:  # uniform_chunks.h.j2: whole chunks a slice
         per_slice = ceil_div(ceil_div(rows, rule), count)
         chunk = ceil_div(rows, per_slice * count) if rows else rule
         chunks = ceil_div(rows, chunk)
-        per = slice_shares(rows, chunk, chunks, count, tiles, nt)
+        tasks = slice_shares(uniform_slice_rows(rows, chunk, chunks, count), tiles, nt)
+        return Split("slice_shares", "(diff_dst row, tile) pair", nt, tuple(tasks),
+                     f"{count} slices of {rows} rows ({chunks} chunks) x {tiles} tiles")
+    # ...weight_compute.h.j2: near-equal rows a slice, of each block of images of the pair
+    # copies (bwd_weights_pairs.c.j2), else of the batch
+    totals = [0] * nt
+    batches = _pair_image_blocks(config, plan, z) if pairs else [z.batch]
+    for batch in batches:
+        per = slice_shares(even_slice_rows(batch * z.od * z.oh, count), tiles, nt)
         totals = [a + b for a, b in zip(totals, per, strict=True)]
-    images = f" in {len(batches)} blocks of images" if len(batches) > 1 else ""
-    rows = z.batch * z.od * z.oh
+    images = (f" in {len(batches)} blocks of images of {batches[0] * z.od * z.oh} rows"
+              if len(batches) > 1 else "")
     return Split("slice_shares", "(diff_dst row, tile) pair", nt, tuple(totals),
-                 f"{count} slices of {batches[0] * z.od * z.oh if images else rows} rows "
-                 f"({chunks} chunks) x {tiles} tiles{images}")
+                 f"{count} slices of {rows} rows{images} x {tiles} tiles")
 
 
 def _depthwise_weights(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int) -> Split:
