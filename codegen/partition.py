@@ -239,6 +239,12 @@ def images_per_block(per_image: int, block_bytes: int, nt: int, batch: int) -> i
     return min((block_bytes // per_image if per_image < block_bytes else 1) * nt, batch)
 
 
+def image_blocks(batch: int, block: int) -> list[int]:
+    """The images of each block of `block` over the batch, the last one the rest (one
+    empty block for an empty batch, as the kernels run their loop over none)."""
+    return [min(block, batch - n0) for n0 in range(0, batch, block)] if batch else [0]
+
+
 def _takes_ncx_path(config: KernelConfig, plan: KernelPlan, z: Sizes) -> bool:
     """takes_ncx_path (ncx_in_place.h.j2, ncx_strided.h.j2): whether a call runs the
     channels-first 1x1 tiles (else the transposes and the plan's other tiles)."""
@@ -323,8 +329,8 @@ def _direct(config: KernelConfig, plan: KernelPlan, z: Sizes, nt: int,
         weight_bytes = config.groups * nvb * math.prod(config.kernel) * steps * c.vec_block \
             * VECTOR_LANES[config.isa] * 4
         if 2 * weight_bytes <= per_image:
-            block = images_per_block(per_image, c.image_block_bytes, nt, z.batch)
-            batches = [min(block, z.batch - n0) for n0 in range(0, z.batch, block)]
+            batches = image_blocks(z.batch, images_per_block(per_image, c.image_block_bytes,
+                                                             nt, z.batch))
     totals = [0] * nt
     pointwise = c.pointwise and _is_pointwise(z)
     for batch in batches:
@@ -355,10 +361,8 @@ def _pair_image_blocks(config: KernelConfig, plan: KernelPlan, z: Sizes) -> list
     src_step, dd_step = _pair_steps(config)
     per_image = ppr * (z.id * z.ih * src_step * 4 + z.od * z.oh * dd_step * 2)
     if not block_bytes or z.batch * per_image <= 2 * block_bytes:
-        block = z.batch
-    else:
-        block = min(block_bytes // per_image if per_image < block_bytes else 1, z.batch)
-    return [min(block, z.batch - n0) for n0 in range(0, z.batch, block)] if block else [0]
+        return image_blocks(z.batch, z.batch)
+    return image_blocks(z.batch, images_per_block(per_image, block_bytes, 1, z.batch))
 
 
 def _pair_steps(config: KernelConfig) -> tuple[int, int]:

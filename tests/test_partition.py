@@ -49,7 +49,7 @@ def _layers(network: str, data_format: str = "NXC", batch: int = BATCH, dtype: s
             problem = layer.resolve()
             config = problem.config.with_isa(isa)
             plan = vendor_plan(config, cpu_vendor(), cpu_features())
-            if carries_amx(config):  # the AMX path is not modelled: the vector tiles'
+            if carries_amx(config):  # the AMX path is not modelled: check the vector tiles
                 plan = {**plan, "amx": 0}
             yield layer, problem, config, plan
 
