@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                 order = [("ours", ours), ("theirs", theirs)]
                 for rep in range(args.reps):
                     for tag, kernel in order if rep % 2 else order[::-1]:
+                        # each build's own workspace: the two may need different sizes
                         call.kernel = kernel
+                        call.workspace_bytes = kernel.workspace_size(call.dims)
                         run()
                         begin, count = time.perf_counter(), 0
                         while time.perf_counter() - begin < args.seconds:
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                             count += 1
                         times[tag].append((time.perf_counter() - begin) / count)
                 call.kernel = ours
+                call.workspace_bytes = ours.workspace_size(call.dims)
                 mine, base = (statistics.median(times[tag]) for tag in ("ours", "theirs"))
                 ratios.append(base / mine)
                 print(f"{conv.name:28s} {op:7s} {args.threads}T ours {mine * 1e3:8.3f} ms "
