@@ -354,8 +354,11 @@ def weight_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "chunk_pixels": chunk_pixels, "slot_steps": _slot_steps(config),
             "chunk_bytes": max(CHUNK_BYTES, sums_bytes // 2),
             "src_channels_first": src_channels_first,
-            # ...and its diff_dst is transposed chunk by chunk, by the thread that uses it
-            "dd_by_chunk": src_channels_first,
+            # ...and its diff_dst is transposed chunk by chunk, by the thread that uses it;
+            # so is the flattened rows' (their src is a padded copy): MobileNet's stem (3x3
+            # s2, 3 -> 32 on 224x224), NCX batch 8, 1 thread, whole / by chunk: see
+            # benchmarks/results/zen4/flat_dd_by_chunk_ab
+            "dd_by_chunk": src_channels_first or (config.data_format == "NCX" and flatten_w),
             "src_in_place": src_channels_first and config.dtype == "f32",
             "prefetch_next_chunk": _prefetch_next_chunk(config, chunk_pixels,
                                                         flatten_w or dot),

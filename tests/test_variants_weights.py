@@ -203,6 +203,41 @@ def test_ncx_weights_read_in_place_with_sums_beyond_l2(isa, monkeypatch):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_flattened_ncx_weights_transpose_diff_dst_by_chunk(isa, dtype, monkeypatch):
+    """Few input channels (tile rows over (kw, channel), a padded src copy) in NCX take
+    diff_dst a chunk of rows at a time, transposed by the thread that uses it: a
+    MobileNet-like stem (3x3 stride 2, 3 -> 20: flattened on avx512; avx2 runs it on one
+    tap's rows) and 2 -> 13 channels with a tail, rows of
+    9 pixels in chunks that end inside an image (32 pixels: 3 rows, 5 rows an image) and
+    in whole images; exact on 1-3 threads."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.rules_weights import uses_bf16_dot, weight_tiles
+
+    monkeypatch.setenv("CONVGRAD_ISA", isa)
+    cases = [make_case("ConvolutionBackwardWeights", spatial=(10, 17), kernel=(3, 3),
+                       in_channels=3, out_channels=20, batch=3, data_format="NCX",
+                       dtype=dtype, seed=7, attrs=dict(strides=2, pads_begin=1, pads_end=1)),
+             make_case("ConvolutionBackwardWeights", spatial=(7, 9), kernel=(3, 5),
+                       in_channels=2, out_channels=13, batch=2, data_format="NCX",
+                       dtype=dtype, seed=8, attrs=dict(pads_begin=[1, 2], pads_end=[1, 2]))]
+    flattened, pairs = 0, False
+    for case in cases:
+        config = resolve(case.op, [x.shape for x in case.inputs[:2]], case.attrs, None,
+                         dtype).config.with_isa(isa)
+        tiles = weight_tiles(config)
+        pairs = pairs or uses_bf16_dot(config)
+        if not tiles["flatten_w"]:
+            continue
+        assert tiles["dd_by_chunk"], config
+        flattened += 1
+        for plan in ({"chunk_pixels": 32}, {"chunk_pixels": 512}):
+            for threads in (1, 2, 3):
+                run_with_plan(case, plan, isa, threads, variant=Variant.WEIGHTS_FLAT)
+    assert flattened or pairs  # bf16 with vdpbf16ps: the pairs' own kernel
+
+
+@pytest.mark.parametrize("isa", ISAS)
 def test_ncx_weights_with_more_outputs_read_src_in_place(isa, monkeypatch):
     """f32 channels-first weight gradients of several taps and one group read src in
     place with more output than input channels too (conv1-like 3 -> 20 channels, 7x7
