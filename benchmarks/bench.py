@@ -58,7 +58,7 @@ from benchmarks.cases import Row, merge_rounds, prepare, run_case
 from benchmarks.machine import ONEDNN_ISA, Peak, environment, limit_isa, machine_info
 from benchmarks.overheads import measure_cached_load, measure_call_overhead
 from benchmarks.reports import fmt, geomeans, plot, table, write_csv
-from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_sets
+from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_file, load_sets
 from benchmarks.tensors import torch
 from benchmarks.timing import int_list
 from convgrad.cpu import available_isas, selected_isa
@@ -118,6 +118,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-torch", action="store_true",
                         help="time convgrad only (PyTorch's CPU f16 weight gradient runs at "
                              "~0.2 GFLOP/s: a full f16 set with it takes hours)")
+    parser.add_argument("--shapes-file", type=Path, default=None,
+                        help="a benchdnn shape file of one's own (one descriptor a line, "
+                             "e.g. mb8ic3ih224oc64oh224kh3ph1n\"vgg:conv1_1\"): every "
+                             "layer in it, instead of --set")
     parser.add_argument("--shapes-dir", type=Path, default=DEFAULT_SHAPES_DIR,
                         help=f"benchdnn shape files (default {DEFAULT_SHAPES_DIR})")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -132,6 +136,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.layers = [p.strip() for p in (args.layers or "").split(",") if p.strip()]
     if args.batch < 1 or (args.limit is not None and args.limit < 1) or args.min_time < 0:
         parser.error("--batch and --limit must be positive, --min-time not negative")
+    if args.shapes_file is not None and not args.shapes_file.is_file():
+        parser.error(f"--shapes-file {args.shapes_file}: no such file")
     if torch is None:
         parser.error("PyTorch is not installed: pip install -e '.[bench]'")
     if args.isa and args.isa not in available_isas():
@@ -141,8 +147,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    shapes = load_sets(list(SETS) if args.set == "all" else [args.set], args.shapes_dir,
-                       args.limit, args.layers)
+    if args.shapes_file is not None:
+        args.set = args.shapes_file.name
+        shapes = [(args.set, conv)
+                  for conv in load_file(args.shapes_file, args.limit, args.layers)]
+    else:
+        shapes = load_sets(list(SETS) if args.set == "all" else [args.set], args.shapes_dir,
+                           args.limit, args.layers)
     if not shapes:
         print("no shapes to run", file=sys.stderr)
         return 1

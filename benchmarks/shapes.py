@@ -133,7 +133,17 @@ def load_set(name: str, shapes_dir: Path, limit: int | None,
         if not path.is_file():
             return None
         text = path.read_text()
-    convs = parse_benchdnn(text)
+    return _select(parse_benchdnn(text), selection, limit, layers)
+
+
+def load_file(path: Path, limit: int | None, layers: Sequence[str] = ()) -> list[ConvShape]:
+    """Every forward convolution of a benchdnn shape file of one's own (load_set's
+    `limit` and `layers`)."""
+    return _select(parse_benchdnn(Path(path).read_text()), None, limit, layers)
+
+
+def _select(convs: list[ConvShape], selection: tuple[str, ...] | None, limit: int | None,
+            layers: Sequence[str]) -> list[ConvShape]:
     if selection is not None:
         by_name: dict[str, ConvShape] = {}
         for conv in convs:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks import bench, cases, pair_plans
+from benchmarks import shapes as bench_shapes
 
 pytest.importorskip("torch")
 pytest.importorskip("matplotlib")
@@ -167,6 +168,29 @@ def test_rounds_run_every_case_again(tmp_path, capsys):
     assert capsys.readouterr().err.count("round 2: ") == 1
     (row,) = csv.DictReader((tmp_path / "results.csv").open())
     assert int(row["ours_calls"]) >= 6 and not row["note"].startswith("MISMATCH")
+
+
+def test_shapes_file_runs_every_layer_of_ones_own_list(tmp_path, capsys):
+    """--shapes-file runs the layers of a benchdnn file of one's own (all of them, or
+    those --layers names), labelled by the file; a missing file is an error."""
+    shapes = tmp_path / "stems.txt"
+    shapes.write_text('# two stems\nmb2ic3ih12oc8oh12kh3ph1n"vgg:conv1_1"\n'
+                      'mb2ic3ih12oc4oh6kh3sh2ph1n"mobilenet:conv1"\n')
+    status = bench.main(["--shapes-file", str(shapes), "--threads", "1", "--ops", "weights",
+                         "--min-time", "0.01", "--data-format", "NCX",
+                         "--out", str(tmp_path / "out")])
+    assert status == 0
+    rows = list(csv.DictReader((tmp_path / "out" / "results.csv").open()))
+    assert [row["layer"] for row in rows] == ["vgg:conv1_1", "mobilenet:conv1"]
+    assert not any(row["note"].startswith("MISMATCH") for row in rows)
+    assert {row["shape_set"] for row in rows} == {"stems.txt"}
+    settings = json.loads((tmp_path / "out" / "results.json").read_text())["settings"]
+    assert settings["shapes_file"] == str(shapes)
+    assert [c.name for c in bench_shapes.load_file(shapes, None, ["mobilenet"])] == [
+        "mobilenet:conv1"]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--shapes-file", str(tmp_path / "missing.txt")])
+    capsys.readouterr()
 
 
 def test_pair_plans_times_each_plan_in_its_own_kernel(capsys, monkeypatch):
