@@ -438,7 +438,9 @@ def _add_explain_parser(commands) -> None:
                         help="comma-separated op kinds generated for benchdnn shapes (or data, "
                              "weights, fwd, tweights)")
     parser.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
-    parser.add_argument("--data-format", default="NXC", choices=["NXC", "NCX"])
+    parser.add_argument("--data-format", default=None, choices=["NXC", "NCX"],
+                        help="data layout (default NXC; with --op, the attribute's, and "
+                             "--inputs in this layout)")
     parser.add_argument("--batch", type=int, default=None,
                         help="batch of benchdnn layers (default: the file's mb)")
     parser.add_argument("--threads", type=_shape, default=(), metavar="N[,N...]",
@@ -458,10 +460,16 @@ def _explain(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.op:
         if not args.inputs or len(args.inputs) not in (2, 3):
             parser.error("--op needs --inputs with two shapes (and the shape input)")
-        layers = [Layer(args.op, tuple(args.inputs), args.attrs, args.dtype, args.op)]
+        attrs = dict(args.attrs)
+        if args.data_format:
+            if attrs.get("data_format", args.data_format) != args.data_format:
+                parser.error(f"--data-format {args.data_format} and --attrs "
+                             f"data_format {attrs['data_format']} disagree")
+            attrs["data_format"] = args.data_format
+        layers = [Layer(args.op, tuple(args.inputs), attrs, args.dtype, args.op)]
     else:
         layers = aot.read_layers(args.layers, ops=_op_kinds(args.ops, parser),
-                                 dtype=args.dtype, data_format=args.data_format,
+                                 dtype=args.dtype, data_format=args.data_format or "NXC",
                                  batch=args.batch)
     if args.layer:
         layers = [layer for layer in layers if any(n in layer.name for n in args.layer)]

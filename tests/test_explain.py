@@ -85,6 +85,22 @@ def test_explain_command_on_a_layer_file_and_on_one_op():
     assert bad.returncode == 2 and "does not read ['packed']" in bad.stderr
 
 
+def test_explain_one_op_takes_the_data_format(capsys):
+    """With --op, --data-format sets the layout (the inputs in it), as the attribute
+    does; the two disagreeing is a usage error."""
+    from convgrad import cli
+
+    one = ["explain", "--op", "ConvolutionBackwardWeights", "--inputs", "2,3,16,16",
+           "2,8,8,8", "--attrs", '{"strides": 2, "pads_begin": 1, "pads_end": 1, '
+           '"weights_shape": [3, 3, 3, 8]}', "--isa", "avx2"]
+    assert cli.main([*one, "--data-format", "NCX"]) == 0
+    assert "f32, NCX data" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main([*one[:-2], "--data-format", "NXC", "--attrs",
+                  '{"data_format": "NCX", "weights_shape": [3, 3, 3, 8]}'])
+    assert "disagree" in capsys.readouterr().err
+
+
 def test_explain_ops_by_short_name_and_an_unknown_one(capsys):
     """--ops takes the benchmark's short names (fwd: ConvTransposeBackwardData); an
     unknown one is a usage error that lists the valid ones."""
