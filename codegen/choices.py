@@ -106,6 +106,7 @@ class RowTileChoices(Choices):
     long_tile: int
     pad_columns_below: int
     partial_steps: int
+    point_prefetch: bool
     point_vb_inner: bool
     pointwise: bool
     reduce_chunk: int

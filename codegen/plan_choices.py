@@ -23,6 +23,8 @@ PLAN_CHOICES = {
     "overlap_runs": "data gradients: 1 runs each w tap over all the columns it reaches "
                     "(runs overlap), 0 cuts rows into runs of the columns the same taps reach",
     "point_vb_inner": "1x1 data gradients: 1 runs a pixel block's vector blocks together",
+    "point_prefetch": "1x1 data gradients: 1 each tile fetches the next tile's input "
+                      "while it runs, 0 never",
     "pixel_sweep": "depthwise weight gradients: 1 sweeps all channels of a pixel at once, "
                    "sums in L1; 0 register tiles of a vector block",
     "row_vb_inner": "data gradients by rows, depthwise weight gradients: 1 runs each "

@@ -5,7 +5,7 @@ NCX pointwise tiles, streaming stores, bands of rows and blocks of images.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from math import prod
+from math import inf, prod
 
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.isa import SIMD, VECTOR_LANES
@@ -99,6 +99,19 @@ POINT_VB_INNER_BYTES = 1024 * 1024
 # (512<-1024 0.89 / 0.95, 1024<-2048 0.59 / 0.65). Kernels of 9 taps reuse each input
 # value 9 times per vector block: 3x3 on 64 and 128 channels 0.98-1.01, 256: 0.98 / 0.82.
 ROW_VB_INNER_BYTES = 1024 * 1024
+# 1x1 stride-1 data gradients without pads (pointwise.h.j2) read a block of pixels' input
+# from memory in its first vector block (the others find it in the caches), with
+# accesses the hardware prefetchers follow poorly where the input outgrows L3: where a
+# group has at most this many vector blocks, each step of a tile also fetches a piece of
+# the next tile's input (the pixels after its own). Zen 4 avx512, ResNet-50 NXC batch 8,
+# pair ratios fetching / not, 1 and 2 threads: fwd 256 -> 64 at 56x56 (1 block) 1.15 /
+# 1.12, 512 -> 128 (2) 1.02 / 1.01; data 64 <- 256 (1) 1.14 / 1.06, 128 <- 512 (2) 1.02 /
+# 1.03; 64 -> 64 1.00 / 0.99 (its input fits L3). With 4 and more blocks the fetches
+# are mostly of cached lines: 0.99-1.03 (fwd 64 -> 256 0.99 / 0.99). The avx2 path's
+# tiles gain at any count of blocks: fwd 256 -> 64 1.25 / 1.24, 64 -> 256 (8 blocks)
+# 1.02 / 1.02, 512 -> 128 1.07 / 1.03, 1024 -> 256 1.01 / 1.00; data 64 <- 256 1.25 /
+# 1.23, 256 <- 64 1.02 / 1.01, 128 <- 512 1.06 / 1.02-1.04. Not measured off x86: none.
+POINT_PREFETCH_BLOCKS = {"avx512bf16": 2, "avx512": 2, "avx2": inf}
 # Multiply steps per iteration of a tile's reduction loop (over reduced channels in the
 # direct tiles, over pixels in the weight-gradient tiles): a step of a 4 x 3 avx2 tile is
 # 12 FMAs beside 7 loads, and the loop's own adds and compare-and-branch take issue slots
@@ -152,6 +165,9 @@ def direct_tiles(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
             "reduce_chunk": chunk, "partial_steps": partial_steps(config, plan),
             # 1x1 stride 1: a run-time check for zero pads then flattens all pixels
             "pointwise": config.pointwise,
+            "point_prefetch": config.pointwise and bool(plan.get(
+                "point_prefetch", -(-vectors // block) <= POINT_PREFETCH_BLOCKS.get(
+                    config.isa, 0))),
             # ...and runs the vector blocks of a block of pixels together where all the
             # weights take at most POINT_VB_INNER_BYTES (Zen 4 avx2, 1x1 64<-256: 51 -> 81
             # GFLOP/s), else each vector block over all pixels (avx512 2 threads,

@@ -120,6 +120,7 @@ def _direct_candidates(config: KernelConfig) -> list[dict[str, int]]:
         found.append({"image_block_kb": 0})
     if tiles["pointwise"]:
         found.append({"point_vb_inner": int(not tiles["point_vb_inner"])})
+        found.append({"point_prefetch": int(not tiles["point_prefetch"])})
     if prod(config.kernel) == 1 and not tiles["pointwise"] and tiles["vec_block"] < -(
             -config.vector_channels // VECTOR_LANES[isa]):
         found.append({"row_vb_inner": int(not tiles["row_vb_inner"])})

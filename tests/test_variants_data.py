@@ -208,6 +208,32 @@ def test_channels_first_pointwise_prefetch(isa, op, prefetch):
         run_with_plan(case, plan, isa, threads, variant=Variant.DIRECT)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("op", ["ConvolutionBackwardData", "ConvTransposeBackwardData"])
+@pytest.mark.parametrize("prefetch", [1, 0])
+def test_pointwise_tiles_fetch_the_next_tiles_input(isa, op, prefetch):
+    """1x1 stride-1 channels-last tiles fetch the next tile's input as they run by rule
+    on the x86 paths where a group has few vector blocks (point_prefetch), forced both
+    ways: exact on 1, 2 and 3 threads, in one pass over 300 reduced channels and in
+    passes of 8 KB of weights (fetches that reach past a pass's channels, and past the
+    last pixel: a fetch never faults)."""
+    from convgrad.codegen.ops import resolve
+    from convgrad.codegen.rules_data import direct_tiles
+    from convgrad.codegen.variants import render_context
+
+    # both ops reduce the (forward or transposed) convolution's out channels
+    case = make_case(op, spatial=(9, 15), kernel=(1, 1), in_channels=40, out_channels=300,
+                     batch=3, seed=23)
+    a, b = case.inputs[:2]
+    config = resolve(case.op, [a.shape, b.shape], case.attrs, None, "f32").config.with_isa(isa)
+    assert direct_tiles(config)["point_prefetch"] is (isa != "portable")  # the rule's
+    for plan in ({"point_prefetch": prefetch}, {"point_prefetch": prefetch, "weight_chunk_kb": 8}):
+        assert render_context(config, "", plan)["point_prefetch"] is bool(prefetch)
+        assert (direct_tiles(config, plan)["reduce_chunk"] < 300) is ("weight_chunk_kb" in plan)
+        for threads in (1, 2, 3):
+            run_with_plan(case, plan, isa, threads, variant=Variant.DIRECT)
+
+
 STRIDED_NCX_GEOMETRY = {
     # op's input spatial, strides, channels in / out, groups: enough multiply-adds for 3
     # threads (MIN_THREAD_FLOPS), >= 128 kept pixels per image
