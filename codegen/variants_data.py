@@ -26,7 +26,6 @@ from convgrad.codegen.rules_data import (
     may_stream,
     overlap_runs,
     pad_columns_below,
-    pointwise_ncx_tiles,
     rounds_in_tiles,
     stream_min_bytes,
     weight_packing,
@@ -36,6 +35,7 @@ from convgrad.codegen.rules_groups import (
     data_across_groups_eligible,
     slide_rows,
 )
+from convgrad.codegen.rules_ncx import pointwise_ncx_tiles
 from convgrad.codegen.variant import Plan, Variant, VariantSpec
 
 # Data gradients spread their input whole up front while the spread copy takes at most

@@ -130,7 +130,7 @@ def test_channels_first_pointwise_passes_by_rule():
     from convgrad.codegen.isa import VECTOR_LANES
     from convgrad.codegen.plan import candidates
     from convgrad.codegen.rules_common import partial_steps
-    from convgrad.codegen.rules_data import NCX_L1_INPUT_BYTES, pointwise_ncx_tiles
+    from convgrad.codegen.rules_ncx import NCX_L1_INPUT_BYTES, pointwise_ncx_tiles
 
     def config(reduced, isa="avx512"):
         return KernelConfig("bwd_data", (1, 1), (1, 1), (1, 1), 1, 64, reduced, "NCX",
@@ -267,7 +267,7 @@ def test_channels_first_strided_data_gradients_stream_from_16_mb():
     """NCX 1x1 data gradients with strides (the compact copy's spread) stream results of
     NCX_STREAM_MIN_KB on the x86 paths (stream_kb overrides it, 0: never); their forward
     convolutions, stride-1 layers and the generic paths never."""
-    from convgrad.codegen.rules_data import NCX_STREAM_MIN_KB, pointwise_ncx_tiles
+    from convgrad.codegen.rules_ncx import NCX_STREAM_MIN_KB, pointwise_ncx_tiles
 
     data = KernelConfig("bwd_data", (1, 1), (2, 2), (1, 1), 1, 256, 128, "NCX", "XIO",
                         "f32", "avx512")

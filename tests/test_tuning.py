@@ -67,7 +67,7 @@ def test_long_reductions_transpose_ncx_pointwise():
     """1x1 NCX data gradients reducing over more than 512 channels transpose by rule,
     and the tuner offers the in-place plan; up to 512 the rule reads in place (with
     strides too, through a compact copy)."""
-    from convgrad.codegen.rules_data import pointwise_ncx_tiles
+    from convgrad.codegen.rules_ncx import pointwise_ncx_tiles
 
     for isa in ("avx512", "avx2"):
         long = _config("bwd_data", (1, 1), 256, 1024, "NCX", isa=isa)

@@ -135,7 +135,7 @@ def test_channels_first_pointwise_in_place(isa, op, spatial, groups, channels, m
     long reductions in passes over a pixel block); smaller images and pads take the
     transposing path."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.rules_data import pointwise_ncx_tiles
+    from convgrad.codegen.rules_ncx import pointwise_ncx_tiles
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     case = make_case(op, spatial=spatial, kernel=(1,) * len(spatial), in_channels=channels[0],
@@ -162,7 +162,7 @@ def test_channels_first_pointwise_head_block(isa, op, spatial, channels):
     only): exact with the inputs and the result at any float offset, on 1 and 2 threads."""
     from convgrad import kernels
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.rules_data import NCX_HEAD_MIN_REDUCED, pointwise_ncx_tiles
+    from convgrad.codegen.rules_ncx import NCX_HEAD_MIN_REDUCED, pointwise_ncx_tiles
 
     case = make_case(op, spatial=spatial, kernel=(1,) * len(spatial), in_channels=channels[0],
                      out_channels=channels[1], batch=2, data_format="NCX", seed=15)
@@ -192,7 +192,7 @@ def test_channels_first_pointwise_prefetch(isa, op, prefetch):
     fetches nothing), with 300 reduced channels in passes of 8 KB (the output rows only
     in the last), a partial last block of each image and the next image's first block."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.rules_data import pointwise_ncx_tiles
+    from convgrad.codegen.rules_ncx import pointwise_ncx_tiles
     from convgrad.codegen.variants import render_context
 
     case = make_case(op, spatial=(9, 15), kernel=(1, 1), in_channels=300, out_channels=300,
@@ -258,7 +258,8 @@ def test_channels_first_pointwise_with_strides(isa, op, geometry):
     packed weights, one block's compact copy and the staging planes (its size is how the
     test knows which path ran)."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.rules_data import IMAGE_BLOCK_BYTES, pointwise_ncx_tiles
+    from convgrad.codegen.rules_data import IMAGE_BLOCK_BYTES
+    from convgrad.codegen.rules_ncx import pointwise_ncx_tiles
 
     spatial, strides, channels, groups = STRIDED_NCX_GEOMETRY[geometry]
     attrs = dict(strides=strides)
@@ -349,7 +350,8 @@ def _ncx_data_case(op, geometry, dtype, isa, *, seed):
     configuration on `isa` and the plan that keeps it off col2im where these few result
     channels would take it, and off the channels-first 1x1 tiles (f32 1x1 layers)."""
     from convgrad.codegen.ops import resolve
-    from convgrad.codegen.rules_data import col2im_eligible, pointwise_ncx_tiles
+    from convgrad.codegen.rules_data import col2im_eligible
+    from convgrad.codegen.rules_ncx import pointwise_ncx_tiles
 
     case = make_case(op, **IMAGE_BLOCK_GEOMETRY[geometry], batch=5, data_format="NCX",
                      dtype=dtype, seed=seed)
