@@ -128,7 +128,9 @@ def _kernel_values(config: KernelConfig, spec: VariantSpec, choices: Choices,
     lanes, record = VECTOR_LANES[config.isa], choices.template_values()
     return KernelValues(
         bf16_dot=bf16_dot,
-        pack_data=config.dtype != "f32" or config.data_format != "NXC",
+        # the flattened weight gradient's padded copy reads NCX src itself
+        pack_data=(config.dtype != "f32" or config.data_format != "NXC") and not (
+            spec.variant is Variant.WEIGHTS_FLAT and config.data_format == "NCX"),
         copies_in_second_part=config.family != "bwd_weights",
         min_thread_flops=min_thread_flops(config),
         regroup_pixels=config.family == "bwd_weights" and config.data_format == "NXC"

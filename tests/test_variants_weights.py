@@ -208,16 +208,21 @@ def test_flattened_ncx_weights_transpose_diff_dst_by_chunk(isa, dtype, monkeypat
     """Few input channels (tile rows over (kw, channel), a padded src copy) in NCX take
     diff_dst a chunk of rows at a time, transposed by the thread that uses it: a
     MobileNet-like stem (3x3 stride 2, 3 -> 20: flattened on avx512; avx2 runs it on one
-    tap's rows) and 2 -> 13 channels with a tail, rows of
-    9 pixels in chunks that end inside an image (32 pixels: 3 rows, 5 rows an image) and
-    in whole images; exact on 1-3 threads."""
+    tap's rows), one whose last src column no tap reaches (the padded copy drops it) and
+    2 -> 13 channels with a tail, rows of 9 pixels in chunks that end inside an image
+    (32 pixels: 3 rows, 5 rows an image) and in whole images; exact on 1-3 threads. The
+    padded copy reads the user's NCX src itself (no channels-last copy first)."""
     from convgrad.codegen.ops import resolve
     from convgrad.codegen.rules_weights import uses_bf16_dot, weight_tiles
+    from convgrad.codegen.variants import resolve_plan
 
     monkeypatch.setenv("CONVGRAD_ISA", isa)
     cases = [make_case("ConvolutionBackwardWeights", spatial=(10, 17), kernel=(3, 3),
                        in_channels=3, out_channels=20, batch=3, data_format="NCX",
                        dtype=dtype, seed=7, attrs=dict(strides=2, pads_begin=1, pads_end=1)),
+             make_case("ConvolutionBackwardWeights", spatial=(6, 11), kernel=(3, 3),
+                       in_channels=3, out_channels=20, batch=2, data_format="NCX",
+                       dtype=dtype, seed=9, attrs=dict(strides=2, pads_begin=1, pads_end=0)),
              make_case("ConvolutionBackwardWeights", spatial=(7, 9), kernel=(3, 5),
                        in_channels=2, out_channels=13, batch=2, data_format="NCX",
                        dtype=dtype, seed=8, attrs=dict(pads_begin=[1, 2], pads_end=[1, 2]))]
@@ -230,6 +235,7 @@ def test_flattened_ncx_weights_transpose_diff_dst_by_chunk(isa, dtype, monkeypat
         if not tiles["flatten_w"]:
             continue
         assert tiles["dd_by_chunk"], config
+        assert not resolve_plan(config).kernel.pack_data  # the padded copy reads NCX src
         flattened += 1
         for plan in ({"chunk_pixels": 32}, {"chunk_pixels": 512}):
             for threads in (1, 2, 3):
