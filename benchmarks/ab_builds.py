@@ -1,6 +1,7 @@
 """Two builds of the same kernels, timed in one process on the same arrays.
 
-    python -m benchmarks.ab_builds [--set resnet50|mobilenet_v2|...] [--layers a,b]
+    python -m benchmarks.ab_builds [--set resnet50|mobilenet_v2|... | --shapes-file FILE]
+                                   [--layers a,b]
                                    [--ops fwd,data,weights] [--threads 1] [--data-format NCX]
                                    [--dtype f32|bf16|f16]
                                    [--base-python PYTHON] [--base-env NAME=VALUE ...]
@@ -39,7 +40,7 @@ from unittest import mock
 import numpy as np
 
 from benchmarks.cases import layer_inputs
-from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_set
+from benchmarks.shapes import DEFAULT_SHAPES_DIR, DTYPES, OPS, SETS, load_file, load_set
 from convgrad import api, bound, kernels
 from convgrad.codegen.layers import conv_layers
 
@@ -66,9 +67,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--seconds", type=float, default=0.15)
     parser.add_argument("--shapes-dir", type=Path, default=DEFAULT_SHAPES_DIR)
+    parser.add_argument("--shapes-file", type=Path, default=None,
+                        help="the layers of a benchdnn file of one's own instead of --set's")
     args = parser.parse_args(argv)
     if any("=" not in item for item in args.base_env):
         parser.error("--base-env takes NAME=VALUE")
+    if args.shapes_file is not None and not args.shapes_file.is_file():
+        parser.error(f"--shapes-file {args.shapes_file}: no such file")
     return args
 
 
@@ -85,9 +90,13 @@ def build_base(kernel: kernels.Kernel, args: argparse.Namespace, folder: str) ->
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = [name for name in args.layers.split(",") if name]
-    convs = load_set(args.set, args.shapes_dir, None, names)
+    if args.shapes_file is not None:
+        args.set = str(args.shapes_file)
+        convs = load_file(args.shapes_file, None, names)
+    else:
+        convs = load_set(args.set, args.shapes_dir, None, names)
     if not convs:
-        print(f"no layer of set {args.set} matches {args.layers!r}")
+        print(f"no layer of {args.set} matches {args.layers!r}")
         return 1
     rng = np.random.default_rng(0)
     ratios = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import ab_builds
 
 
@@ -22,3 +24,17 @@ def test_two_builds_of_a_layer_are_timed_against_each_other(capsys):
 def test_a_layer_name_that_matches_nothing_is_an_error(capsys):
     assert ab_builds.main(["--layers", "no_such_layer"]) == 1
     assert "no layer" in capsys.readouterr().out
+
+
+def test_shapes_file_gives_the_layers_of_ones_own_list(tmp_path, capsys):
+    """--shapes-file takes the layers of a benchdnn file instead of a set's (--layers
+    still picks among them); a missing file is a usage error."""
+    shapes = tmp_path / "mine.txt"
+    shapes.write_text('mb1ic8ih9oc16oh9kh3ph1n"mine:small"\nmb1ic8ih9oc8oh9kh1n"mine:other"\n')
+    status = ab_builds.main(["--shapes-file", str(shapes), "--layers", "small",
+                             "--ops", "weights", "--reps", "2", "--seconds", "0.01"])
+    assert status == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in lines[:-1]] == [["mine:small", "weights", "1T"]]
+    with pytest.raises(SystemExit):
+        ab_builds.parse_args(["--shapes-file", str(tmp_path / "missing.txt")])
