@@ -80,6 +80,16 @@ BAND_BYTES = 512 << 10
 # on 7x7, 9 MB: 1.00 / 1.00, 1.02 / 1.02, and in a slower phase of the VM 0.92 on 2
 # threads).
 BAND_MAX_WEIGHT_BYTES = 4 << 20
+# ...but f32 1x1 backward-data kernels with strides (those that reduce more channels than
+# the compact copy takes, rules_ncx.NCX_MAX_REDUCED) take bands of this many bytes,
+# whatever their weights' size: their rows are wide and their weights 2-8 MB, which
+# bands of 512 KB read again every two or three rows. Zen 4, ResNet-50 NCX batch 8,
+# pair_plans ratios 2 MB bands / the rule's before (512 KB bands; image blocks for 8 MB of
+# weights), 1 / 2 threads, two runs: avx512 res4a_branch1 (1024 -> 512 channels on
+# 28x28, 2 MB) 1.09-1.10 / 1.10-1.11, res5a_branch1 (2048 -> 1024 on 14x14, 8 MB) 1.05 /
+# 1.00; avx2 1.00-1.01 / 1.01, 1.09 / 1.09-1.10 (1 MB and 4 MB bands read alike, within
+# 2 %). Forward convolutions keep the rule's (2 MB: 0.95-1.03), as do 3x3 layers (0.96-1.03).
+STRIDED_POINT_DATA_BAND_BYTES = 2 << 20
 # 1x1 stride-1 data gradients run all the vector blocks of a block of pixels together
 # (the input read once) while their weights take at most this; larger weights go vector
 # block by vector block over all pixels. 1 MB weights (1024 <-> 256 channels) gain
@@ -363,17 +373,27 @@ def overlap_runs(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> 
 
 def band_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:
     """Bytes of input and result rows per band of a channels-first data gradient that
-    copies, computes and copies back a few rows at a time (ncx_bands.h.j2); 0: blocks of
-    whole images (image_block_bytes). Not for 3-D layers (a band of rows reads rows of
-    several planes), 1x1 layers (their tiles run over all of an image's pixels at once)
-    or bf16 pairs (their own copies)."""
+    copies, computes and copies back a few rows at a time (ncx_bands.h.j2: BAND_BYTES, or
+    STRIDED_POINT_DATA_BAND_BYTES); 0: blocks of whole images (image_block_bytes). Not
+    for 3-D layers (a band of rows reads rows of several planes), 1x1 stride-1 layers
+    (their tiles run over all of an image's pixels at once) or bf16 pairs (their own
+    copies)."""
     eligible = (config.data_format == "NCX" and config.family != "bwd_weights"
                 and config.rank <= 2 and not config.pointwise
                 and not uses_bf16_dot(config, plan))
     weight_bytes = (prod(config.kernel) * config.groups * config.cin_per_group
                     * config.cout_per_group * 4)
-    rule = BAND_BYTES if weight_bytes <= BAND_MAX_WEIGHT_BYTES else 0
+    if strided_point_data(config):
+        rule = STRIDED_POINT_DATA_BAND_BYTES
+    else:
+        rule = BAND_BYTES if weight_bytes <= BAND_MAX_WEIGHT_BYTES else 0
     return plan.get("band_kb", rule >> 10) << 10 if eligible else 0
+
+
+def strided_point_data(config: KernelConfig) -> bool:
+    """Whether this is an f32 1x1 backward data with strides (STRIDED_POINT_DATA_BAND_BYTES)."""
+    return (config.family == "bwd_data" and config.dtype == "f32"
+            and prod(config.kernel) == 1 and any(s > 1 for s in config.strides))
 
 
 def image_block_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> int:

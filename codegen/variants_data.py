@@ -116,6 +116,8 @@ def _direct_candidates(config: KernelConfig) -> list[dict[str, int]]:
         found.append({"pad_columns": int(not pad_columns_below(config))})
     if band_bytes(config, {"band_kb": BAND_BYTES >> 10}):
         found.append({"band_kb": 0 if band_bytes(config) else BAND_BYTES >> 10})
+        if band_bytes(config) not in (0, BAND_BYTES):
+            found.append({"band_kb": BAND_BYTES >> 10})
     if image_block_bytes(config):
         found.append({"image_block_kb": 0})
     if tiles["pointwise"]:

@@ -344,12 +344,15 @@ def test_bands_by_rule():
     BAND_BYTES of rows per thread, f32 and widened f16 alike, for both data ops; never 3-D
     (rows of several planes), 1x1 stride-1 layers, bf16 pairs, channels-last data, weight
     gradients, or weights past BAND_MAX_WEIGHT_BYTES (those keep blocks of images); the
-    other choice is a candidate either way."""
+    other choice is a candidate either way. f32 1x1 backward data with strides takes
+    bands of STRIDED_POINT_DATA_BAND_BYTES whatever its weights (BAND_BYTES a candidate);
+    its forward convolution and f16 keep BAND_BYTES."""
     from convgrad.codegen.plan import candidates
     from convgrad.codegen.rules_data import (
         BAND_BYTES,
         BAND_MAX_WEIGHT_BYTES,
         IMAGE_BLOCK_BYTES,
+        STRIDED_POINT_DATA_BAND_BYTES,
         band_bytes,
         image_block_bytes,
     )
@@ -361,8 +364,9 @@ def test_bands_by_rule():
                             "OIX", dtype, isa)
 
     for banded in (config(), config(family="fwd"), config(kernel=(5,), strides=(1,)),
-                   config(kernel=(1, 1), strides=(2, 2)), config(dtype="f16", isa="avx512"),
-                   config(channels=256)):
+                   config(kernel=(1, 1), strides=(2, 2), family="fwd"),
+                   config(kernel=(1, 1), strides=(2, 2), dtype="f16", isa="avx512"),
+                   config(dtype="f16", isa="avx512"), config(channels=256)):
         assert band_bytes(banded) == BAND_BYTES and image_block_bytes(banded) == 0
         assert band_bytes(banded, {"band_kb": 16}) == 16 << 10
         assert {"band_kb": 0} in candidates(banded)
@@ -371,6 +375,13 @@ def test_bands_by_rule():
     assert band_bytes(heavy) == 0 and image_block_bytes(heavy) == IMAGE_BLOCK_BYTES
     assert band_bytes(heavy, {"band_kb": 256}) and {"band_kb": BAND_BYTES >> 10} in candidates(
         heavy)
+    assert STRIDED_POINT_DATA_BAND_BYTES > BAND_BYTES
+    for strided in (config(kernel=(1, 1), strides=(2, 2)),
+                    config(kernel=(1, 1), strides=(2, 2), channels=2048, isa="avx512")):
+        assert band_bytes(strided) == STRIDED_POINT_DATA_BAND_BYTES, strided
+        assert image_block_bytes(strided) == 0
+        assert {"band_kb": BAND_BYTES >> 10} in candidates(strided)
+        assert {"band_kb": 0} in candidates(strided)
     for never in (config(kernel=(3, 3, 3), strides=(1, 1, 1)), config(kernel=(1, 1)),
                   config(dtype="bf16", isa="avx512bf16"), config(fmt="NXC"),
                   config(family="bwd_weights")):
