@@ -7,8 +7,8 @@ the planner's rules. The rules live in one module per responsibility:
 - `plan_choices`: the plan vocabulary, plan keys and kernel names;
 - `rules_problem`: the rules that pick a problem's configuration itself (its ISA path
   narrowed to avx2 for few channels, a weight gradient's inputs swapped);
-- `rules_common`, `rules_data`, `rules_ncx`, `rules_weights`, `rules_groups`, `rules_amx`: the
-  rules of each kernel family, every constant beside the function that reads it;
+- `rules_common`, `rules_data`, `rules_ncx`, `rules_weights`, `rules_dot`, `rules_groups`,
+  `rules_amx`: the rules of each kernel family, every constant beside the function that reads it;
 - `choices`: the typed record of derived choices of each kernel family (`Choices`);
 - `variant`: `VariantSpec`, a variant whole (what it applies to, its rules, its record,
   its tuning candidates), and the records of a resolved plan (`KernelPlan`);

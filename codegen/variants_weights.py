@@ -18,6 +18,7 @@ from convgrad.codegen.choices import (
 from convgrad.codegen.config import KernelConfig
 from convgrad.codegen.rules_amx import amx_tiles
 from convgrad.codegen.rules_common import MAX_VECTOR_BLOCK, uses_bf16_dot, weight_sums_bytes
+from convgrad.codegen.rules_dot import dot_eligible, dot_tiles
 from convgrad.codegen.rules_groups import (
     all_taps_vectors,
     depthwise_weight_rows,
@@ -28,8 +29,6 @@ from convgrad.codegen.rules_weights import (
     CHUNK_PIXELS,
     PACKED_OVERLAP_CHUNK_PIXELS,
     SUMS_IN_L2_BYTES,
-    dot_eligible,
-    dot_tiles,
     weight_tiles,
 )
 from convgrad.codegen.variant import Plan, Variant, VariantSpec

@@ -288,7 +288,7 @@ def test_dot_products_are_a_tuning_candidate_only():
     a candidate wherever stride 1 along w lets it run (any kernel, stride along h, any
     path), never for other dtypes or NXC."""
     from convgrad.codegen.plan import candidates
-    from convgrad.codegen.rules_weights import dot_tiles
+    from convgrad.codegen.rules_dot import dot_tiles
 
     def config(kernel=(1, 1), strides=(1, 1), cout=512, isa="avx2", dtype="f32", fmt="NCX"):
         return KernelConfig("bwd_weights", kernel, strides, (1, 1), 1, 256, cout, fmt, "OIX",
