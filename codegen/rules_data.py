@@ -383,14 +383,14 @@ def band_bytes(config: KernelConfig, plan: Mapping[str, int] = EMPTY_PLAN) -> in
                 and not uses_bf16_dot(config, plan))
     weight_bytes = (prod(config.kernel) * config.groups * config.cin_per_group
                     * config.cout_per_group * 4)
-    if strided_point_data(config):
+    if _strided_point_data(config):
         rule = STRIDED_POINT_DATA_BAND_BYTES
     else:
         rule = BAND_BYTES if weight_bytes <= BAND_MAX_WEIGHT_BYTES else 0
     return plan.get("band_kb", rule >> 10) << 10 if eligible else 0
 
 
-def strided_point_data(config: KernelConfig) -> bool:
+def _strided_point_data(config: KernelConfig) -> bool:
     """Whether this is an f32 1x1 backward data with strides (STRIDED_POINT_DATA_BAND_BYTES)."""
     return (config.family == "bwd_data" and config.dtype == "f32"
             and prod(config.kernel) == 1 and any(s > 1 for s in config.strides))
